@@ -1,0 +1,107 @@
+"""Compare two flat {name: tensor} states: max-abs, relative L2 and the first differing index.
+
+Used by every numeric check. ``bitwise`` compares bit patterns (so -0.0 != 0.0, NaN == NaN
+only with the same payload); otherwise values are compared in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..tolerances import Tolerance
+
+
+@dataclass
+class Comparison:
+    max_abs: float
+    rel_l2: float
+    n_diff: int  # elements whose bits differ
+    n_total: int
+    first_diff: str | None  # e.g. "model.fc1.weight[3, 5]: 0.125 vs 0.1251"
+    problems: list[str]  # missing / extra keys, shape or dtype mismatches
+
+    def passes(self, tol: Tolerance) -> bool:
+        if self.problems:
+            return False
+        if tol.bitwise:
+            return self.n_diff == 0
+        return self.max_abs <= tol.max_abs and self.rel_l2 <= tol.rel_l2
+
+    def describe(self, tol: Tolerance) -> str:
+        s = (f"max_abs={self.max_abs:.3g} (tol {tol.max_abs:g}), rel_l2={self.rel_l2:.3g} "
+             f"(tol {tol.rel_l2:g}), {self.n_diff}/{self.n_total} elements differ")
+        if self.first_diff:
+            s += f"; first: {self.first_diff}"
+        if self.problems:
+            s += "; " + "; ".join(self.problems[:5])
+        return s
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t if t.dtype == torch.bool else t.view(torch.uint8)
+
+
+def _index(flat_i: int, shape) -> str:
+    if not shape:
+        return ""
+    idx = []
+    for size in reversed(shape):
+        idx.append(flat_i % size)
+        flat_i //= size
+    return "[" + ", ".join(map(str, reversed(idx))) + "]"
+
+
+def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> Comparison:
+    problems, max_abs, n_diff, n_total = [], 0.0, 0, 0
+    sq_diff = sq_ref = 0.0
+    first = None
+    for k in sorted(set(expected) - set(actual)):
+        problems.append(f"missing {k}")
+    for k in sorted(set(actual) - set(expected)):
+        problems.append(f"unexpected {k}")
+    for k in sorted(set(actual) & set(expected)):
+        a, e = actual[k], expected[k]
+        if not isinstance(a, torch.Tensor) or not isinstance(e, torch.Tensor):
+            if a != e:
+                problems.append(f"{k}: {a!r} != {e!r}")
+            continue
+        if a.shape != e.shape:
+            problems.append(f"{k}: shape {tuple(a.shape)} != {tuple(e.shape)}")
+            continue
+        if a.dtype != e.dtype:
+            problems.append(f"{k}: dtype {a.dtype} != {e.dtype}")
+        a64 = a.detach().cpu().to(torch.float64).flatten()
+        e64 = e.detach().cpu().to(torch.float64).flatten()
+        n_total += a64.numel()
+        if a.dtype == e.dtype:
+            ab, eb = _bits(a).reshape(a64.numel(), -1), _bits(e).reshape(e64.numel(), -1)
+            differs = (ab != eb).any(dim=1)
+        else:
+            differs = ~((a64 == e64) | (a64.isnan() & e64.isnan()))
+        nd = int(differs.sum())
+        if nd:
+            n_diff += nd
+            diff = (a64 - e64).abs()
+            both_nan = a64.isnan() & e64.isnan()
+            diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+            diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
+            max_abs = max(max_abs, float(diff.max()))
+            sq_diff += float((diff[torch.isfinite(diff)] ** 2).sum())
+            if first is None:
+                i = int(differs.nonzero()[0])
+                first = f"{k}{_index(i, tuple(a.shape))}: {a64[i].item():.9g} vs {e64[i].item():.9g}"
+        finite = e64[torch.isfinite(e64)]
+        sq_ref += float((finite ** 2).sum())
+    if max_abs == math.inf:
+        rel = math.inf
+    else:
+        rel = math.sqrt(sq_diff) / math.sqrt(sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
+    return Comparison(max_abs=max_abs, rel_l2=rel, n_diff=n_diff, n_total=n_total,
+                      first_diff=first, problems=problems)

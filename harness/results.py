@@ -1,0 +1,122 @@
+"""Result rows of a run -> pandas -> ``reports/history/<run>.parquet`` + a per-run CSV summary.
+
+One row per (case, phase, check, quantity, metric) plus one ``check == "case"`` row per case
+carrying its pytest outcome and duration. Run metadata (versions, git sha, device, date, launch
+overhead) is both repeated in columns (so merged histories stay self-describing) and stored in
+the parquet schema metadata under ``harness``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+META_KEY = b"harness"
+ROW_COLUMNS = ["run_id", "case_id", "scenario", "backend", "device", "recipe", "mesh", "module",
+               "dcp", "reshard", "axes", "phase", "check", "quantity", "metric", "value",
+               "tolerance", "row_outcome", "detail", "case_outcome", "case_status",
+               "duration_s", "xfail_entry", "xfail_reason", "skip_reason", "repro"]
+META_COLUMNS = ["date", "git_sha", "torch_version", "te_version", "gpu_name", "hostname"]
+OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped")
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 100000:05d}"
+
+
+def git_sha(cwd: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, timeout=10,
+                             capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def run_meta(root: Path, device: str, backend: str, extra_versions: dict) -> dict:
+    import torch
+    gpu = ""
+    if device == "cuda" and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0)
+    return dict(schema_version=SCHEMA_VERSION, date=datetime.now(timezone.utc).isoformat(),
+                git_sha=git_sha(root), torch_version=torch.__version__.split("+")[0],
+                torch_build=torch.__version__, te_version=extra_versions.get("te") or "",
+                python=platform.python_version(), hostname=socket.gethostname(),
+                cpu_count=os.cpu_count(), device=device, backend=backend, gpu_name=gpu)
+
+
+def case_rows(info: dict, outcome: str) -> list[dict]:
+    """Rows for one case from the dict the plugin attaches to its report."""
+    ax = dict(info["axes"])
+    base = dict(run_id=info["run_id"], case_id=info["case_id"], scenario=info["scenario"],
+                backend=info["backend"], device=info["device"], recipe=ax.get("recipe"),
+                mesh=ax.get("mesh"), module=ax.get("module"), dcp=ax.get("dcp"),
+                reshard=ax.get("reshard"), axes=json.dumps(ax), case_outcome=outcome,
+                case_status=info.get("status", ""), duration_s=info.get("seconds", 0.0),
+                xfail_entry=info.get("xfail_entry"), xfail_reason=info.get("xfail_reason", ""),
+                skip_reason=info.get("skip_reason", ""), repro=info.get("repro", ""))
+    rows = [dict(base, phase="", check="case", quantity="", metric="duration_s",
+                 value=info.get("seconds", 0.0), tolerance=float("nan"), row_outcome=outcome,
+                 detail=info.get("summary", ""))]
+    for r in info.get("rows", []):
+        rows.append(dict(base, phase=r.get("phase", ""), check=r["check"], quantity=r["quantity"],
+                         metric=r["metric"], value=r["value"], tolerance=r["tolerance"],
+                         row_outcome=r["outcome"], detail=r.get("detail", "")))
+    return rows
+
+
+def frame(rows: list[dict], meta: dict) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    for c in META_COLUMNS:
+        df[c] = meta.get(c, "")
+    df["xfail_entry"] = df["xfail_entry"].astype("Int64")
+    for c in ("value", "tolerance", "duration_s"):
+        df[c] = df[c].astype("float64")
+    return df
+
+
+def write_run(report_dir: Path, run_id: str, df: pd.DataFrame, meta: dict) -> dict[str, Path]:
+    """history/<run>.parquet (rows + meta) and runs/<run>/{summary.csv, meta.json}."""
+    hist = Path(report_dir) / "history"
+    run_dir = Path(report_dir) / "runs" / run_id
+    hist.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           META_KEY: json.dumps(meta, default=str).encode()})
+    parquet = hist / f"{run_id}.parquet"
+    tmp = parquet.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, parquet)
+    summary = run_dir / "summary.csv"
+    summarize(df).to_csv(summary, index=False)
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    return {"parquet": parquet, "summary": summary, "meta": run_dir / "meta.json"}
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per case: outcome, duration and the checks that failed."""
+    cases = df[df["check"] == "case"][["case_id", "backend", "case_outcome", "case_status",
+                                       "duration_s", "xfail_entry", "skip_reason"]]
+    bad = df[(df["check"] != "case") & (df["row_outcome"] != "pass")]
+    failed: dict[str, set] = {}
+    for cid, check, qty in zip(bad["case_id"], bad["check"], bad["quantity"]):
+        failed.setdefault(cid, set()).add(f"{check}/{qty}")
+    cases = cases.copy()
+    cases["failed_checks"] = [", ".join(sorted(failed.get(c, ()))) for c in cases["case_id"]]
+    return cases
+
+
+def read_meta(path: Path) -> dict:
+    md = pq.read_schema(path).metadata or {}
+    return json.loads(md.get(META_KEY, b"{}"))

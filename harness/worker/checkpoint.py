@@ -1,0 +1,68 @@
+"""DCP save / load of a Run's model + optimizer, sync or async (thread / process staging)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+from .run import flatten
+
+ASYNC_TYPES = {"async_thread": AsyncCheckpointerType.THREAD,
+               "async_process": AsyncCheckpointerType.PROCESS}
+
+
+def app_state(run) -> dict:
+    msd, osd = get_state_dict(run.model, run.optim)
+    return {"model": msd, "optim": osd}
+
+
+def save(run, path: Path, mode: str, async_group=None):
+    """Start a save; returns a handle for ``wait`` (None for sync saves, which are done).
+
+    Async saves coordinate over ``async_group``, a gloo group of their own: their planning
+    collectives run in the background while training uses the default group, and two threads
+    issuing collectives on one group deadlock (torchtitan does the same).
+    """
+    state = app_state(run)
+    if mode == "sync":
+        dcp.save(state, checkpoint_id=str(path))
+        return None
+    return dcp.async_save(state, checkpoint_id=str(path), process_group=async_group,
+                          async_checkpointer_type=ASYNC_TYPES[mode])
+
+
+def wait(handle, timeout_s: float) -> None:
+    """Block until an async save is written (bounded). Raises on the save's error."""
+    if handle is None:
+        return
+    fut = getattr(handle, "upload_completion", handle)  # AsyncSaveResponse or Future
+    fut.result(timeout=timeout_s)
+
+
+def load(run, path: Path) -> None:
+    state = app_state(run)
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(run.model, run.optim, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+
+
+def read_full(path: Path, scratch: Path) -> dict:
+    """A checkpoint's content as full CPU tensors, flattened (rank-local, no collectives)."""
+    out = scratch / (Path(path).name + ".pt")
+    dcp_to_torch_save(str(path), str(out))
+    return flatten(torch.load(out, weights_only=True))
+
+
+def is_complete(path: Path) -> bool:
+    """DCP writes .metadata last: a checkpoint without it is not finished."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def barrier(group=None):
+    dist.barrier(group=group)

@@ -1,0 +1,171 @@
+"""Per-rank entry point: one process group, many cases.
+
+The launcher writes a plan (JSON: tasks, directories, timeouts) and starts
+``python -m torch.distributed.run ... -m harness.worker --plan PLAN``. For each task this:
+
+1. writes ``progress/rank{R}.json`` (pid, task, start time) so the launcher's watchdog knows
+   which case is running and whom to signal;
+2. runs the phase (worker.phases), collecting result rows;
+3. agrees on the outcome over a separate gloo control group (all_gather_object, bounded), so a
+   failure on any rank fails the case everywhere;
+4. rank 0 writes ``results/{task}.json`` atomically (tmp + os.replace).
+
+If the main process group may be out of step after an error (a rank raised between
+collectives), a bounded health check decides whether to go on; if it fails every rank exits and
+the launcher re-launches the remaining tasks.
+
+SIGUSR1 dumps all threads' Python stacks to ``stacks/rank{R}.txt`` (faulthandler): the launcher
+sends it to a hung case's ranks before killing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+EXIT_PG_BROKEN = 17  # every rank exits with this when the main group cannot be trusted
+
+
+@dataclass
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: object
+    device_type: str
+    control: object  # gloo group for agreement, never used for training
+    async_group: object  # gloo group for async DCP saves' background coordination
+    backend: object
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _redirect_output(log_dir: Path, rank: int):
+    log = open(log_dir / f"rank{rank}.log", "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return log
+
+
+def _init(plan: dict):
+    import torch
+    import torch.distributed as dist
+
+    from .. import backends
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    timeout = timedelta(seconds=plan["collective_timeout_s"])
+    if plan["device"] == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        # async DCP needs a CPU backend beside NCCL
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=plan["control_timeout_s"]))
+    async_group = dist.new_group(backend="gloo", timeout=timeout)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return Context(rank, world, local_rank, device, device.type, control, async_group,
+                   backends.get(plan["backend"]))
+
+
+def _pg_healthy(ctx, timeout_s: float) -> bool:
+    """All ranks reach one all_reduce on the main group within ``timeout_s`` and agree."""
+    import torch
+    import torch.distributed as dist
+    try:
+        t = torch.ones(1, device=ctx.device)
+        work = dist.all_reduce(t, async_op=True)
+        ok = work.wait(timeout=timedelta(seconds=timeout_s))
+        return bool(ok is not False) and int(t.item()) == ctx.world_size
+    except Exception:
+        return False
+
+
+def _agree(ctx, payload: dict, timeout_s: float):
+    import torch.distributed as dist
+    gathered = [None] * ctx.world_size
+    dist.all_gather_object(gathered, payload, group=ctx.control)
+    return gathered
+
+
+def run_task(ctx, task: dict, plan: dict) -> dict:
+    import torch.distributed as dist
+
+    from ..checks.record import Recorder, merge
+    from ..matrix import Case
+    from . import faults, phases
+
+    case = Case.from_json(task["case"])
+    ckpt = Path(task["ckpt_dir"])
+    if ctx.rank == 0:
+        ckpt.mkdir(parents=True, exist_ok=True)
+    dist.barrier(group=ctx.control)
+    rec, error, t0 = Recorder(), None, time.time()
+    try:
+        faults.at_case_start(case, ctx.rank)
+        phases.PHASES[task["phase"]](ctx, case, ckpt, rec)
+    except Exception:
+        error = traceback.format_exc()
+        print(error, flush=True)
+    payload = dict(rank=ctx.rank, rows=rec.rows, error=error, seconds=time.time() - t0)
+    gathered = _agree(ctx, payload, plan["control_timeout_s"])
+    errors = {g["rank"]: g["error"] for g in gathered if g["error"]}
+    return dict(task=task["name"], case_key=case.key, phase=task["phase"],
+                rows=merge([g["rows"] for g in gathered]), errors=errors,
+                seconds=max(g["seconds"] for g in gathered), world_size=ctx.world_size,
+                started=t0, ended=time.time())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.worker")
+    ap.add_argument("--plan", required=True)
+    args = ap.parse_args(argv)
+    plan = json.loads(Path(args.plan).read_text())
+    root = Path(plan["dir"])
+    rank = int(os.environ["RANK"])
+    log = _redirect_output(root / "logs", rank)
+    stacks = open(root / "stacks" / f"rank{rank}.txt", "a")
+    faulthandler.enable(file=log)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    progress = root / "progress" / f"rank{rank}.json"
+    _write_json(progress, dict(pid=os.getpid(), task=None, state="starting", t=time.time()))
+    ctx = _init(plan)
+    done = set(p.stem for p in (root / "results").glob("*.json"))
+    for task in plan["tasks"]:
+        if task["name"] in done:
+            continue
+        print(f"=== task {task['name']} start", flush=True)
+        _write_json(progress, dict(pid=os.getpid(), task=task["name"], state="running",
+                                   t=time.time()))
+        result = run_task(ctx, task, plan)
+        if ctx.rank == 0:
+            _write_json(root / "results" / f"{task['name']}.json", result)
+        print(f"=== task {task['name']} end ({'error' if result['errors'] else 'ok'})", flush=True)
+        if result["errors"] and not _pg_healthy(ctx, plan["health_timeout_s"]):
+            print("main process group out of step after an error: exiting for a re-launch",
+                  flush=True)
+            _write_json(progress, dict(pid=os.getpid(), task=None, state="pg_broken", t=time.time()))
+            os._exit(EXIT_PG_BROKEN)
+    _write_json(progress, dict(pid=os.getpid(), task=None, state="done", t=time.time()))
+    import torch.distributed as dist
+    dist.barrier(group=ctx.control)
+    dist.destroy_process_group()
+    return 0

@@ -1,0 +1,41 @@
+"""Device meshes and the plain-torch parallelization: TP with parallelize_module, then
+fully_shard on the data-parallel dims (HSDP when the mesh has a replicate dim)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+
+from ..mesh import TP, MeshSpec
+
+
+def device_mesh(spec: MeshSpec, device_type: str) -> DeviceMesh:
+    names, sizes = zip(*spec.dims)
+    return init_device_mesh(device_type, tuple(sizes), mesh_dim_names=tuple(names))
+
+
+def mixed_precision(recipe: str) -> MixedPrecisionPolicy | None:
+    if recipe == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return None
+
+
+def fsdp_mesh(mesh: DeviceMesh, spec: MeshSpec) -> DeviceMesh:
+    return mesh[spec.fsdp_dims] if len(spec.fsdp_dims) > 1 else mesh[spec.fsdp_dims[0]]
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str) -> nn.Module:
+    if spec.tp > 1:
+        parallelize_module(model, mesh[TP], model.tp_plan())
+    kwargs = dict(mesh=fsdp_mesh(mesh, spec))
+    mp = mixed_precision(recipe)
+    if mp is not None:
+        kwargs["mp_policy"] = mp
+    units = model.fsdp_units() if hasattr(model, "fsdp_units") else []
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
