@@ -151,7 +151,7 @@ class CaseItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, self.name
+        return self.path, 0, self.name
 
     def info(self) -> dict:
         res, hs = self.result, self.hs

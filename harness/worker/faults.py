@@ -35,8 +35,8 @@ def reference_lr_scale(case) -> float:
 
 
 @torch.no_grad()
-def after_load(case, model) -> None:
-    if fault_of(case) != "perturb_loaded":
+def after_load(case, model, rank: int) -> None:
+    if fault_of(case) != "perturb_loaded" or rank != 0:
         return
     p = next(iter(model.parameters()))
     local = p.to_local() if hasattr(p, "to_local") else p

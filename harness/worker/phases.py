@@ -112,7 +112,7 @@ def _on_rank0(ctx, fn) -> None:
 def _load(case, run: Run, path: Path) -> None:
     if not faults.skip_load(case):
         checkpoint.load(run, path)
-    faults.after_load(case, run.model)
+    faults.after_load(case, run.model, run.ctx.rank)
 
 
 def reshard(ctx, case, ckpt: Path, rec: Recorder) -> None:

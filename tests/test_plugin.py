@@ -1,0 +1,141 @@
+"""The pytest plugin end to end, in pytest subprocesses (fresh interpreter, real launches)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pytest(cwd, *args, timeout=600):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+                        *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+SCENARIO = """\
+name: tiny
+description: plugin self-test
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [LayerNormMLP]
+  dcp: [sync]
+  reshard: [none, to_dp4]
+  fault: [none, perturb_reference, skip_load]
+cases:
+  - {fault: perturb_reference, reshard: none}
+  - {fault: none, reshard: none}
+  - {fault: skip_load, reshard: none}
+  - {fault: none, reshard: to_dp4}
+timeout_s: 60
+"""
+
+REGISTRY = """\
+entries:
+  - match: {scenario: tiny, fault: perturb_reference}
+    fails: {check: fp32_parity}
+    reason: reference perturbed on purpose
+    link: https://example.org/a
+  - match: {scenario: tiny, fault: none, reshard: none}
+    reason: claims a failure that does not happen
+    link: https://example.org/b
+  - match: {scenario: tiny, fault: skip_load}
+    fails: {check: fp32_parity}
+    reason: expects the wrong check
+    link: https://example.org/c
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    d = tmp_path / "scen"
+    d.mkdir()
+    (d / "tiny.yaml").write_text(SCENARIO)
+    return d
+
+
+def test_unknown_scenario_is_a_usage_error(tmp_path, tiny):
+    rc, out = run_pytest(tmp_path, "--scenario", "nope", "--scenario-dir", str(tiny))
+    assert rc == 4
+    assert "--scenario nope: no scenarios/nope.yaml" in out and "available: tiny" in out
+
+
+def test_invalid_scenario_names_file_and_field(tmp_path, tiny):
+    (tiny / "tiny.yaml").write_text(SCENARIO.replace("mesh: [dp2]", "mesh: [dp3x]"))
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny))
+    assert rc == 4
+    assert "tiny.yaml: axes.mesh[0]: bad mesh 'dp3x'" in out
+
+
+def test_collect_only_and_k_selection(tmp_path, tiny):
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "--collect-only", "-q")
+    assert rc == 0, out
+    assert "tiny.yaml::tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]" in out
+    assert "4 tests collected" in out
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "--collect-only", "-q", "-k", "to_dp4")
+    assert rc == 0 and "1/4 tests collected (3 deselected)" in out, out
+
+
+def test_zero_selected_cases_is_an_error(tmp_path, tiny):
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "-k", "no_such_case")
+    assert rc == 4
+    assert "selected zero cases" in out
+
+
+def test_max_world_size_skips_with_reason(tmp_path, tiny):
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "--max-world-size", "2", "-k", "to_dp4", "-rs", "--no-report")
+    assert rc == 0, out
+    assert "needs 4 ranks; --max-world-size / available ranks: 2" in out
+
+
+@pytest.mark.integration
+def test_xfail_registry_outcomes_and_reports(tmp_path, tiny):
+    (tiny / "xfails.yaml").write_text(REGISTRY)
+    reports = tmp_path / "reports"
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "--report-dir", str(reports), "--junitxml", str(tmp_path / "j.xml"), "-rxXf")
+    assert rc == 1, out
+    # entry 1: fails as registered -> XFAIL
+    assert "XFAIL scen/tiny.yaml::tiny[fp32-dp2-LayerNormMLP-sync-none-perturb_reference]" in out
+    # entry 2: passes -> strict XPASS fails, telling which entry to remove
+    assert "[XPASS(strict)] xfail entry 2" in out and "remove xfail entry 2" in out
+    # entry 3: fails, but not the way the entry says -> a real failure
+    assert "xfail entry 3 (xfails.yaml line 9) expects fp32_parity to fail" in out
+    assert "dcp_roundtrip/state" in out and "repro: pytest --scenario tiny" in out
+    assert "outcomes: 1 passed, 1 failed, 1 xfailed, 1 xpassed, 0 skipped" in out
+    assert "torchrun launches: 2 (1 x world 2, 1 x world 4)" in out
+    df = pd.read_parquet(next((reports / "history").glob("*.parquet")))
+    cases = df[df["check"] == "case"].set_index("case_id")["case_outcome"]
+    assert cases["tiny[fp32-dp2-LayerNormMLP-sync-none-perturb_reference]"] == "xfailed"
+    assert cases["tiny[fp32-dp2-LayerNormMLP-sync-none-none]"] == "xpassed"
+    assert cases["tiny[fp32-dp2-LayerNormMLP-sync-none-skip_load]"] == "failed"
+    assert cases["tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]"] == "passed"
+    reshard = df[(df["check"] == "reshard") & (df["case_id"].str.contains("to_dp4"))]
+    assert set(reshard["quantity"]) == {"state", "next_loss", "next_params"}
+    assert (reshard["row_outcome"] == "pass").all()
+    assert {"torch_version", "git_sha", "date"} <= set(df.columns)
+    assert (tmp_path / "j.xml").read_text().count("<testcase") == 4
+
+
+@pytest.mark.integration
+def test_xdist_runs_groups_on_workers(tmp_path, tiny):
+    pytest.importorskip("xdist")
+    reports = tmp_path / "reports"
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny), "-n", "2",
+                         "--report-dir", str(reports), "-k", "not skip_load and not perturb")
+    assert rc == 0, out
+    assert "2 passed" in out
+    df = pd.read_parquet(next((reports / "history").glob("*.parquet")))
+    assert set(df[df["check"] == "case"]["case_outcome"]) == {"passed"}
+    assert len(df[df["check"] == "case"]) == 2
