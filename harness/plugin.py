@@ -343,7 +343,7 @@ class HarnessSession:
     def failure_text(self, item, res: CaseResult) -> str:
         lines = [f"{item.case.id}: {_one_line(res)}"]
         for r in res.failed_rows:
-            if r["metric"] in ("max_abs", "violations"):
+            if r["metric"] in ("max_abs", "violations", "exception"):
                 lines.append(f"  [{r['phase']}] {r['check']}/{r['quantity']}: {r['detail']}")
         for e in res.errors:
             lines.append(e.rstrip())

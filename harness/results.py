@@ -108,7 +108,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """One line per case: outcome, duration and the checks that failed."""
     cases = df[df["check"] == "case"][["case_id", "backend", "case_outcome", "case_status",
                                        "duration_s", "xfail_entry", "skip_reason"]]
-    bad = df[(df["check"] != "case") & (df["row_outcome"] != "pass")]
+    bad = df[(df["check"] != "case") & df["row_outcome"].isin(["fail", "error"])]
     failed: dict[str, set] = {}
     for cid, check, qty in zip(bad["case_id"], bad["check"], bad["quantity"]):
         failed.setdefault(cid, set()).add(f"{check}/{qty}")

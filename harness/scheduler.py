@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .checks.record import FAILED
 from .launcher import Launcher, Task, TaskResult
 from .matrix import Case
 
@@ -36,7 +37,7 @@ class CaseResult:
 
     @property
     def failed_rows(self) -> list[dict]:
-        return [r for r in self.rows if r["outcome"] != "pass"]
+        return [r for r in self.rows if r["outcome"] in FAILED]
 
     @property
     def passed(self) -> bool:

@@ -1,15 +1,19 @@
-"""Collects one rank's result rows for a case; ``merge`` agrees them across ranks."""
+"""Collects one rank's result rows for a case; ``merge`` agrees them across ranks.
+
+Row outcomes: ``pass`` / ``fail`` (a check's verdict), ``error`` (the check raised; the row
+names the check that was running) and ``info`` (a trace such as the per-step loss, no verdict).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import traceback
 
 from ..tolerances import Tolerance
 from .compare import Comparison, compare
 
-
-class CheckFailed(AssertionError):
-    pass
+FAILED = ("fail", "error")
 
 
 class Recorder:
@@ -18,39 +22,53 @@ class Recorder:
     def __init__(self):
         self.rows: list[dict] = []
 
-    def _row(self, check, quantity, metric, value, tolerance, ok, detail=""):
+    def _row(self, check, quantity, metric, value, tolerance, outcome, detail=""):
         self.rows.append(dict(check=check, quantity=quantity, metric=metric, value=float(value),
-                              tolerance=float(tolerance), outcome="pass" if ok else "fail",
-                              detail=detail))
+                              tolerance=float(tolerance), outcome=outcome, detail=detail))
 
     def compare(self, check: str, quantity: str, actual: dict, expected: dict,
                 tol: Tolerance) -> Comparison:
         c = compare(actual, expected)
-        ok = c.passes(tol)
+        outcome = "pass" if c.passes(tol) else "fail"
         detail = c.describe(tol)
         if tol.bitwise:
-            self._row(check, quantity, "n_diff", c.n_diff + len(c.problems), 0, ok, detail)
-        self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, ok, detail)
-        self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, ok, detail)
+            self._row(check, quantity, "n_diff", c.n_diff + len(c.problems), 0, outcome, detail)
+        self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, outcome, detail)
+        self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, outcome, detail)
         return c
 
     def flag(self, check: str, quantity: str, ok: bool, detail: str) -> None:
         """A yes/no check (e.g. a placement): value 0 when it holds, 1 when not."""
-        self._row(check, quantity, "violations", 0 if ok else 1, 0, ok, detail)
+        self._row(check, quantity, "violations", 0 if ok else 1, 0, "pass" if ok else "fail", detail)
+
+    def trace(self, quantity: str, values) -> None:
+        """Per-step values kept for goldens and plots (no verdict)."""
+        for i, v in enumerate(values):
+            self._row("trace", quantity, f"step{i}", v, math.nan, "info")
+
+    @contextlib.contextmanager
+    def section(self, check: str):
+        """Attribute an exception raised inside to ``check`` (an ``error`` row), then re-raise."""
+        try:
+            yield
+        except Exception as e:
+            last = traceback.format_exception_only(type(e), e)[-1].strip()
+            self._row(check, "error", "exception", 1, 0, "error", last[:2000])
+            raise
 
     def failures(self) -> list[dict]:
-        return [r for r in self.rows if r["outcome"] != "pass"]
+        return [r for r in self.rows if r["outcome"] in FAILED]
 
 
 def merge(per_rank: list[list[dict]]) -> list[dict]:
-    """One row per (check, quantity, metric): the worst value over ranks, fail if any failed."""
+    """One row per (check, quantity, metric): the worst value over ranks, failed if any failed."""
     merged: dict[tuple, dict] = {}
     for rank, rows in enumerate(per_rank):
         for r in rows:
             k = (r["check"], r["quantity"], r["metric"])
             cur = merged.get(k)
-            worse = cur is None or (r["outcome"] != "pass" and cur["outcome"] == "pass") or (
-                r["outcome"] == cur["outcome"] and _gt(r["value"], cur["value"]))
+            bad, cur_bad = r["outcome"] in FAILED, cur is not None and cur["outcome"] in FAILED
+            worse = cur is None or (bad and not cur_bad) or (bad == cur_bad and _gt(r["value"], cur["value"]))
             if worse:
                 merged[k] = dict(r, rank=rank)
     return list(merged.values())

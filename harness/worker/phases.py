@@ -34,38 +34,44 @@ def _losses(values) -> dict:
 
 def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
     steps = case.train.steps
-    run = Run(ctx, case, case.mesh, seed=case.train.seed)
-    losses, grads0 = [], None
-    for step in range(steps):
-        loss, g = run.step(step, capture_grads=(step == 0))
-        losses.append(loss)
-        grads0 = g if g is not None else grads0
+    with rec.section("train"):
+        run = Run(ctx, case, case.mesh, seed=case.train.seed)
+        losses, grads0 = [], None
+        for step in range(steps):
+            loss, g = run.step(step, capture_grads=(step == 0))
+            losses.append(loss)
+            grads0 = g if g is not None else grads0
+    rec.trace("loss", losses)
 
     if "fp32_parity" in case.checks:
-        ref_losses, ref_grads, ref_params = reference_run(
-            case, steps, ctx.device, lr_scale=faults.reference_lr_scale(case))
-        rec.compare("fp32_parity", "loss", _losses(losses), _losses(ref_losses),
-                    _tol(case, "fp32_parity", "loss"))
-        rec.compare("fp32_parity", "grads", grads0, ref_grads, _tol(case, "fp32_parity", "grads"))
-        rec.compare("fp32_parity", "params", run.full_params(), ref_params,
-                    _tol(case, "fp32_parity", "params"))
+        with rec.section("fp32_parity"):
+            ref_losses, ref_grads, ref_params = reference_run(
+                case, steps, ctx.device, lr_scale=faults.reference_lr_scale(case))
+            rec.compare("fp32_parity", "loss", _losses(losses), _losses(ref_losses),
+                        _tol(case, "fp32_parity", "loss"))
+            rec.compare("fp32_parity", "grads", grads0, ref_grads,
+                        _tol(case, "fp32_parity", "grads"))
+            rec.compare("fp32_parity", "params", run.full_params(), ref_params,
+                        _tol(case, "fp32_parity", "params"))
     for name, check in ctx.backend.checks(case).items():
         if name in case.checks:
-            check(run, rec)
+            with rec.section(name):
+                check(run, rec)
 
-    saved = run.full_state()  # S: what every load must reproduce bit for bit
     mode = case.ax["dcp"]
     main, twin = ckpt / "main", ckpt / "sync_twin"
     check_async = "async_equivalence" in case.checks
-    if check_async:
-        checkpoint.save(run, twin, "sync")
-    handle = checkpoint.save(run, main, mode, async_group=ctx.async_group)
-    # The uninterrupted run goes on at once: for async saves this mutates parameters and
-    # optimizer state in place while the checkpoint is being written.
-    next_loss, _ = run.step(steps)
-    checkpoint.wait(handle, timeout_s=case.timeout_s)
-    dist.barrier()
-    next_params = run.full_params()
+    with rec.section("async_equivalence" if check_async else "dcp_roundtrip"):
+        saved = run.full_state()  # S: what every load must reproduce bit for bit
+        if check_async:
+            checkpoint.save(run, twin, "sync")
+        handle = checkpoint.save(run, main, mode, async_group=ctx.async_group)
+        # The uninterrupted run goes on at once: for async saves this mutates parameters and
+        # optimizer state in place while the checkpoint is being written.
+        next_loss, _ = run.step(steps)
+        checkpoint.wait(handle, timeout_s=case.timeout_s)
+        dist.barrier()
+        next_params = run.full_params()
 
     if check_async:
         def compare_files():
@@ -75,17 +81,19 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
             rec.compare("async_equivalence", "bytes", async_content,
                         checkpoint.read_full(twin, scratch), tolerances.BITWISE)
             rec.compare("async_equivalence", "isolation", async_content, saved, tolerances.BITWISE)
-        _on_rank0(ctx, compare_files)
+        with rec.section("async_equivalence"):
+            _on_rank0(ctx, compare_files)
 
     if "dcp_roundtrip" in case.checks:
-        fresh = Run(ctx, case, case.mesh, seed=case.train.seed + 1)
-        _load(case, fresh, main)
-        rec.compare("dcp_roundtrip", "state", fresh.full_state(), saved, tolerances.BITWISE)
-        loss2, _ = fresh.step(steps)
-        rec.compare("dcp_roundtrip", "next_loss", _losses([loss2]), _losses([next_loss]),
-                    tolerances.BITWISE)
-        rec.compare("dcp_roundtrip", "next_params", fresh.full_params(), next_params,
-                    tolerances.BITWISE)
+        with rec.section("dcp_roundtrip"):
+            fresh = Run(ctx, case, case.mesh, seed=case.train.seed + 1)
+            _load(case, fresh, main)
+            rec.compare("dcp_roundtrip", "state", fresh.full_state(), saved, tolerances.BITWISE)
+            loss2, _ = fresh.step(steps)
+            rec.compare("dcp_roundtrip", "next_loss", _losses([loss2]), _losses([next_loss]),
+                        tolerances.BITWISE)
+            rec.compare("dcp_roundtrip", "next_params", fresh.full_params(), next_params,
+                        tolerances.BITWISE)
 
     if case.target is not None:
         _on_rank0(ctx, lambda: torch.save(
@@ -116,6 +124,11 @@ def _load(case, run: Run, path: Path) -> None:
 
 
 def reshard(ctx, case, ckpt: Path, rec: Recorder) -> None:
+    with rec.section("reshard"):
+        _reshard(ctx, case, ckpt, rec)
+
+
+def _reshard(ctx, case, ckpt: Path, rec: Recorder) -> None:
     expected_path = ckpt / EXPECTED
     if not expected_path.is_file() or not checkpoint.is_complete(ckpt / "main"):
         raise RuntimeError(f"the train phase left no complete checkpoint in {ckpt}")
