@@ -57,6 +57,8 @@ CORE_AXES = ("recipe", "mesh", "module", "dcp", "reshard")
 RESHARD_NONE = "none"
 RESHARD_PREFIX = "to_"
 
+FIXES_AXIS = "fixes"  # reference backend: 'all' or 'no_<fix>' (harness/reference/fixes)
+
 # Fault injections, for the harness's negative controls only (tests/). Each makes one check
 # fail or one case hang; the worker implements them in worker/faults.py.
 FAULTS = {
@@ -71,6 +73,8 @@ FAULTS = {
 
 
 def check_applies(check: str, axes: dict[str, str]) -> bool:
+    if check in ("quantized_allgather_parity", "weights_only_load"):
+        return axes.get("recipe") in QUANTIZED_RECIPES
     if check == "async_equivalence":
         return axes.get("dcp", "sync") != "sync"
     if check == "reshard":

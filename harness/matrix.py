@@ -94,24 +94,26 @@ def expand(spec: ScenarioSpec, backend: str = catalog.DEFAULT_BACKEND) -> list[C
     """
     names = list(spec.axes)
     value_lists = [spec.axis_values(a, backend) for a in names]
-    for axis, values in zip(names, value_lists):
-        if axis in ("mesh", "reshard"):
-            for v in values:
-                if v == catalog.RESHARD_NONE:
-                    continue
-                target = v[len(catalog.RESHARD_PREFIX):] if axis == "reshard" else v
-                spec.model.check_mesh(parse_mesh(target), f"axes.{axis} '{v}'", spec.path)
     cases = []
     for combo in itertools.product(*value_lists):
         axes = dict(zip(names, combo))
-        if spec.cases is not None and not _matches(axes, spec.cases):
+        coords = {**axes, "backend": backend}  # rules may also select a backend
+        if spec.cases is not None and not _matches(coords, spec.cases):
             continue
-        if _matches(axes, spec.exclude):
+        if _matches(coords, spec.exclude):
             continue
+        model = next((dims for sel, dims in spec.model_overrides if _matches(coords, [sel])),
+                     spec.model)
+        for axis in ("mesh", "reshard"):
+            v = axes[axis]
+            if v != catalog.RESHARD_NONE:
+                target = v[len(catalog.RESHARD_PREFIX):] if axis == "reshard" else v
+                model.check_mesh(parse_mesh(target), f"axes.{axis} '{v}'", spec.path)
         checks = tuple(c for c in spec.checks if catalog.check_applies(c, axes))
+        marks = tuple(m for m, rules in spec.marks.items() if _matches(coords, rules))
         cases.append(Case(scenario=spec.name, backend=backend, axes=tuple(axes.items()),
-                          model=spec.model, train=spec.train, checks=checks,
-                          tolerances=spec.tolerances, timeout_s=spec.timeout_s, marks=spec.marks))
+                          model=model, train=spec.train, checks=checks,
+                          tolerances=spec.tolerances, timeout_s=spec.timeout_s, marks=marks))
     if not cases:
         raise ScenarioError(f"{spec.path}: cases/exclude: the rules leave no case of the matrix "
                             f"for backend {backend}")

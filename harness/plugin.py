@@ -28,6 +28,7 @@ import pytest
 from . import catalog, registry, results
 from .launcher import Launcher
 from .matrix import Case, expand
+from .checks.record import FAILED
 from .scheduler import CaseResult, Scheduler
 from .spec import ScenarioError, load_scenario, scenario_paths
 
@@ -127,6 +128,8 @@ class CaseItem(pytest.Item):
         self.entry: registry.Entry | None = None
         self.skip_reason = ""
         self.add_marker("harness_case")
+        for m in case.marks:  # scenario 'marks' (e.g. ci: the representative slice)
+            self.add_marker(m)
 
     @property
     def hs(self) -> "HarnessSession":
@@ -167,6 +170,26 @@ class CaseItem(pytest.Item):
         return out
 
 
+def fix_table(collected: dict) -> list[dict]:
+    """One row per switched-off fix: the checks that failed without it, and the outcomes of the
+    fix-off case and of the same coordinates with every fix on."""
+    by_coords, rows = {}, []
+    for cid, (outcome, info) in collected.items():
+        ax = dict(info["axes"])
+        if "fixes" in ax:
+            key = (info["scenario"], tuple((k, v) for k, v in ax.items() if k != "fixes"))
+            by_coords.setdefault(key, {})[ax["fixes"]] = (outcome, info)
+    for key, variants in by_coords.items():
+        on = variants.get("all", ("-", None))[0]
+        for fixes, (outcome, info) in sorted(variants.items()):
+            if not fixes.startswith("no_"):
+                continue
+            failed = sorted({r["check"] for r in info.get("rows", []) if r["outcome"] in FAILED})
+            rows.append(dict(fix=fixes[3:], caught_by=", ".join(failed), off=outcome, on=on,
+                             case=info["case_id"]))
+    return sorted(rows, key=lambda r: r["fix"])
+
+
 def _one_line(res: CaseResult) -> str:
     if res.status != "ok":
         return f"{res.status}: " + (res.errors[0].strip().splitlines()[-1] if res.errors else "")
@@ -196,6 +219,8 @@ class HarnessSession:
             if timeout:
                 s.timeout_s = timeout
             self.cases[n] = expand(s, self.backend)
+            for mark in s.marks:
+                config.addinivalue_line("markers", f"{mark}: scenario mark (see {s.path.name})")
         known_axes = set().union(*(s.axes for s in specs.values()))
         all_specs = []
         for p in scenario_paths(self.scenario_dir).values():
@@ -428,5 +453,11 @@ class HarnessSession:
         xf = [(cid, info) for cid, (o, info) in self.collected.items() if o == "xfailed"]
         if xf:
             tr.write_line(f"expected failures (xfail registry): {len(xf)}")
+        table = fix_table(self.collected)
+        if table:
+            tr.write_line("fix verification: fix -> check that caught it (fix off) -> outcomes")
+            for row in table:
+                tr.write_line(f"  {row['fix']:<24} caught by {row['caught_by'] or '-':<44} "
+                              f"off: {row['off']:<8} on: {row['on']}")
         for k, p in self.written.items():
             tr.write_line(f"{k}: {p}")

@@ -20,8 +20,8 @@ from .mesh import MeshError, parse_mesh
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VALUE = re.compile(r"^[A-Za-z0-9_.]+$")  # axis values appear in ids and file names
-TOP_LEVEL = {"name", "description", "axes", "cases", "exclude", "model", "train", "checks",
-             "tolerances", "timeout_s", "marks"}
+TOP_LEVEL = {"name", "description", "axes", "cases", "exclude", "model", "model_overrides",
+             "train", "checks", "tolerances", "timeout_s", "marks"}
 
 
 class ScenarioError(ValueError):
@@ -68,11 +68,12 @@ class ScenarioSpec:
     cases: list[dict[str, list[str]]] | None  # if set: only these selections of the axes
     exclude: list[dict[str, list[str]]]
     model: ModelDims
+    model_overrides: list  # [(selection {axis: [globs]}, ModelDims)]: first match wins
     train: TrainSpec
     checks: tuple[str, ...]
     tolerances: dict[str, dict[str, dict[str, Any]]]  # check -> recipe -> {max_abs, rel_l2, reason}
     timeout_s: float
-    marks: tuple[str, ...] = field(default_factory=tuple)
+    marks: dict = field(default_factory=dict)  # pytest mark -> selections of cases it applies to
 
     def axis_values(self, axis: str, backend: str) -> list[str]:
         """Values of ``axis`` for ``backend``; ScenarioError if the scenario has none for it."""
@@ -184,10 +185,11 @@ def _parse_rules(path, field_name, raw, axes) -> list[dict[str, list[str]]]:
             _fail(path, where, "each rule is a non-empty mapping {axis: value(s)}")
         parsed = {}
         for axis, pats in rule.items():
-            if axis not in axes:
-                _fail(path, f"{where}.{axis}", f"unknown axis; axes are {', '.join(axes)}")
+            if axis not in axes and axis != "backend":
+                _fail(path, f"{where}.{axis}", f"unknown axis; axes are {', '.join(axes)} "
+                                               f"(and 'backend')")
             pats = [str(p) for p in _value_list(path, f"{where}.{axis}", pats)]
-            known = _all_values(axes, axis)
+            known = set(catalog.BACKENDS) if axis == "backend" else _all_values(axes, axis)
             for p in pats:
                 if not fnmatch.filter(known, p):
                     _fail(path, f"{where}.{axis}", f"'{p}' matches none of the axis values "
@@ -216,6 +218,39 @@ def _parse_dataclass(path, where, cls, raw):
             _fail(path, f"{where}.{k}", f"must be > 0, got {v}")
         out[k] = v
     return cls(**out)
+
+
+def _parse_overrides(path, raw, axes, base) -> list:
+    """``model_overrides: [{match: {axis: values}, model: {dims}}]`` -- e.g. block-aligned
+    dims for quantized recipes. Unnamed dims keep the scenario's ``model`` values."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        _fail(path, "model_overrides", "must be a list of {match: {...}, model: {...}}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"model_overrides[{i}]"
+        if not isinstance(item, dict) or set(item) != {"match", "model"}:
+            _fail(path, where, "each entry has exactly 'match' and 'model'")
+        sel = _parse_rules(path, f"{where}.match", [item["match"]], axes)[0]
+        dims = _parse_dataclass(path, f"{where}.model", ModelDims, {**(base or {}), **item["model"]})
+        out.append((sel, dims))
+    return out
+
+
+def _parse_marks(path, raw, axes) -> dict:
+    """``marks: {ci: [{selection}, ...]}``: cases matching a selection get ``pytest.mark.ci``
+    (so ``-m ci`` runs a representative slice of a long matrix)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        _fail(path, "marks", "must be a mapping mark name -> list of case selections")
+    out = {}
+    for name, rules in raw.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            _fail(path, f"marks.{name}", "mark names are lower_snake_case")
+        out[name] = _parse_rules(path, f"marks.{name}", rules, axes)
+    return out
 
 
 def _parse_tolerances(path, raw) -> dict:
@@ -268,15 +303,16 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
     timeout = raw.get("timeout_s", 180)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         _fail(path, "timeout_s", f"must be a number > 0 (seconds per case), got {timeout!r}")
-    marks = _value_list(path, "marks", raw["marks"]) if raw.get("marks") else []
+    marks = _parse_marks(path, raw.get("marks"), axes)
     spec = ScenarioSpec(
         name=name, path=path, description=str(raw.get("description", "")).strip(),
         axes=axes, cases=_parse_rules(path, "cases", raw.get("cases"), axes) or None,
         exclude=_parse_rules(path, "exclude", raw.get("exclude"), axes),
         model=_parse_dataclass(path, "model", ModelDims, raw.get("model")),
+        model_overrides=_parse_overrides(path, raw.get("model_overrides"), axes, raw.get("model")),
         train=_parse_dataclass(path, "train", TrainSpec, raw.get("train")),
         checks=tuple(checks), tolerances=_parse_tolerances(path, raw.get("tolerances")),
-        timeout_s=float(timeout), marks=tuple(str(m) for m in marks),
+        timeout_s=float(timeout), marks=marks,
     )
     return spec
 

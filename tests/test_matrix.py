@@ -71,3 +71,17 @@ def test_case_json_roundtrip(tmp_path):
     c = expand(spec(tmp_path))[5]
     back = Case.from_json(c.to_json())
     assert back == c and back.id == c.id and back.key == c.key and back.model == c.model
+
+
+def test_marks_select_a_slice(tmp_path):
+    cases = expand(spec(tmp_path, marks={"ci": [{"mesh": "dp2xtp2", "dcp": "async_thread"}]}))
+    ci = [c for c in cases if "ci" in c.marks]
+    assert len(ci) == 8 and all(c.ax["mesh"] == "dp2xtp2" and c.ax["dcp"] == "async_thread" for c in ci)
+
+
+def test_model_overrides_first_match_wins(tmp_path):
+    s = spec(tmp_path, model={"hidden": 64, "ffn": 128},
+             model_overrides=[{"match": {"recipe": "bf16"}, "model": {"ffn": 256}}])
+    dims = {c.recipe: c.model for c in expand(s)}
+    assert (dims["fp32"].hidden, dims["fp32"].ffn) == (64, 128)
+    assert (dims["bf16"].hidden, dims["bf16"].ffn) == (64, 256)  # unnamed dims from `model`

@@ -150,4 +150,7 @@ def test_shipped_scenarios_are_valid():
     for name, path in scenario_paths(root / "scenarios").items():
         spec = load_scenario(path)
         assert spec.description, f"{name} needs a description"
-        assert expand(spec, "torch")
+        recipes = spec.axes["recipe"]
+        backends = list(recipes) if isinstance(recipes, dict) else ["torch"]
+        for backend in backends:
+            assert expand(spec, backend)

@@ -34,9 +34,14 @@ class TorchBackend:
     def autocast(self, case):
         return contextlib.nullcontext()
 
-    def checks(self, case) -> dict:
-        """Backend-specific checks: name -> callable(run, recorder). None here."""
+    def canonical_names(self, model) -> dict:
+        """Backend param name -> the plain-torch module's name (identity here)."""
         return {}
+
+    def checks(self, case) -> dict:
+        """Checks beyond the phases' own: name -> callable(run, recorder)."""
+        from ..checks.quantized import optimizer_state_placement
+        return {"optimizer_state_placement": optimizer_state_placement}
 
 
 BACKEND = TorchBackend()

@@ -51,13 +51,26 @@ class Recorder:
         """Attribute an exception raised inside to ``check`` (an ``error`` row), then re-raise."""
         try:
             yield
-        except Exception as e:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException derives from BaseException
             last = traceback.format_exception_only(type(e), e)[-1].strip()
+            if type(e).__name__ == "CheckpointException":
+                last = f"CheckpointException on ranks {sorted(e.failures)}: {_first_cause(e)}"
             self._row(check, "error", "exception", 1, 0, "error", last[:2000])
             raise
 
     def failures(self) -> list[dict]:
         return [r for r in self.rows if r["outcome"] in FAILED]
+
+
+def _first_cause(e) -> str:
+    """DCP wraps each rank's failure: surface the first rank's underlying error message."""
+    failures = getattr(e, "failures", None) or {}
+    for _, err in sorted(failures.items()):
+        exc = err[0] if isinstance(err, tuple) else err
+        return traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return ""
 
 
 def merge(per_rank: list[list[dict]]) -> list[dict]:

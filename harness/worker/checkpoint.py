@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -52,11 +54,33 @@ def load(run, path: Path) -> None:
                    optim_state_dict=state["optim"])
 
 
-def read_full(path: Path, scratch: Path) -> dict:
-    """A checkpoint's content as full CPU tensors, flattened (rank-local, no collectives)."""
-    out = scratch / (Path(path).name + ".pt")
-    dcp_to_torch_save(str(path), str(out))
-    return flatten(torch.load(out, weights_only=True))
+def read_full(path: Path) -> dict:
+    """What a checkpoint holds on disk, assembled to full tensors and flattened like
+    ``Run.full_state`` (quantized tensors as raw parts). Reads the DCP files directly, chunk by
+    chunk (rank-local, no collectives), with ``torch.load(weights_only=True)`` as DCP does."""
+    reader = FileSystemReader(str(path))
+    md = reader.read_metadata()
+    chunks: dict[str, list] = {}
+    for index, info in md.storage_data.items():
+        with open(Path(path) / info.relative_path, "rb") as f:
+            f.seek(info.offset)
+            obj = torch.load(io.BytesIO(f.read(info.length)), weights_only=True)
+        chunks.setdefault(index.fqn, []).append((tuple(index.offset or ()), obj))
+    state = {}
+    for fqn, meta in md.state_dict_metadata.items():
+        got = sorted(chunks.get(fqn, []), key=lambda c: c[0])
+        if isinstance(meta, BytesStorageMetadata):
+            state[fqn] = got[0][1]
+        elif got and hasattr(got[0][1], "full_parts"):
+            for k, v in type(got[0][1]).assemble(got, tuple(meta.size)).items():
+                state[f"{fqn}#{k}"] = v
+            state[f"{fqn}#codec"] = got[0][1]._codec.name
+        else:
+            full = torch.zeros(meta.size, dtype=meta.properties.dtype)
+            for offsets, t in got:
+                full[tuple(slice(o, o + n) for o, n in zip(offsets, t.shape))] = t
+            state[fqn] = full
+    return flatten(state)
 
 
 def is_complete(path: Path) -> bool:

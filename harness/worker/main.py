@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,6 +45,14 @@ class Context:
     control: object  # gloo group for agreement, never used for training
     async_group: object  # gloo group for async DCP saves' background coordination
     backend: object
+    meshes: dict = field(default_factory=dict)
+
+    def mesh(self, spec):
+        """One DeviceMesh per mesh spec for the whole launch (process groups are costly)."""
+        if spec.name not in self.meshes:
+            from .parallel import device_mesh
+            self.meshes[spec.name] = device_mesh(spec, self.device_type)
+        return self.meshes[spec.name]
 
 
 def _write_json(path: Path, obj) -> None:
@@ -122,7 +130,9 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
     try:
         faults.at_case_start(case, ctx.rank)
         phases.PHASES[task["phase"]](ctx, case, ckpt, rec)
-    except Exception:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # incl. DCP's CheckpointException (a BaseException)
         error = traceback.format_exc()
         print(error, flush=True)
     payload = dict(rank=ctx.rank, rows=rec.rows, error=error, seconds=time.time() - t0)

@@ -4,12 +4,13 @@ fully_shard on the data-parallel dims (HSDP when the mesh has a replicate dim)."
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-from ..mesh import TP, MeshSpec
+from ..mesh import REPLICATE, SHARD, TP, MeshSpec
 
 
 def device_mesh(spec: MeshSpec, device_type: str) -> DeviceMesh:
@@ -27,9 +28,36 @@ def fsdp_mesh(mesh: DeviceMesh, spec: MeshSpec) -> DeviceMesh:
     return mesh[spec.fsdp_dims] if len(spec.fsdp_dims) > 1 else mesh[spec.fsdp_dims[0]]
 
 
+_WEIGHT_GROUPS: dict = {}
+
+
+def weight_group(mesh: DeviceMesh, spec: MeshSpec):
+    """Ranks holding pieces of one weight: the FSDP shard dim x TP (never HSDP's replicas).
+
+    Built with ``new_subgroups_by_enumeration`` (collective: every rank creates every group)
+    and cached per mesh; not via ``DeviceMesh._flatten``, which stores process groups in the
+    mesh that DTensor specs reference -- DCP's async staging deep-copies those and cannot
+    pickle a ProcessGroup.
+    """
+    if spec.tp == 1:
+        return mesh[SHARD].get_group()
+    if spec.name not in _WEIGHT_GROUPS:
+        by_replica: dict[int, list[int]] = {}
+        for r in range(spec.world_size):
+            by_replica.setdefault(spec.coords(r).get(REPLICATE, 0), []).append(r)
+        group, _ = dist.new_subgroups_by_enumeration(list(by_replica.values()))
+        _WEIGHT_GROUPS[spec.name] = group
+    return _WEIGHT_GROUPS[spec.name]
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str) -> nn.Module:
     if spec.tp > 1:
         parallelize_module(model, mesh[TP], model.tp_plan())
+    return shard(model, mesh, spec, recipe)
+
+
+def shard(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str) -> nn.Module:
+    """fully_shard each FSDP unit, then the root (HSDP on a 2-D replicate x shard mesh)."""
     kwargs = dict(mesh=fsdp_mesh(mesh, spec))
     mp = mixed_precision(recipe)
     if mp is not None:

@@ -75,11 +75,9 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
 
     if check_async:
         def compare_files():
-            scratch = ckpt / "scratch"
-            scratch.mkdir(exist_ok=True)
-            async_content = checkpoint.read_full(main, scratch)
-            rec.compare("async_equivalence", "bytes", async_content,
-                        checkpoint.read_full(twin, scratch), tolerances.BITWISE)
+            async_content = checkpoint.read_full(main)
+            rec.compare("async_equivalence", "bytes", async_content, checkpoint.read_full(twin),
+                        tolerances.BITWISE)
             rec.compare("async_equivalence", "isolation", async_content, saved, tolerances.BITWISE)
         with rec.section("async_equivalence"):
             _on_rank0(ctx, compare_files)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
 from ..mesh import MeshSpec
 from . import data, modules
-from .parallel import device_mesh
 
 
 def flatten(tree, prefix: str = "") -> dict:
@@ -25,15 +24,29 @@ def flatten(tree, prefix: str = "") -> dict:
         for i, v in enumerate(tree):
             out.update(flatten(v, f"{prefix}{i}."))
     elif isinstance(tree, torch.Tensor):
-        t = tree.full_tensor() if isinstance(tree, DTensor) else tree
-        out[prefix[:-1]] = t.detach().cpu().clone()
+        local = tree._local_tensor if isinstance(tree, DTensor) else tree
+        if hasattr(local, "full_parts"):  # quantized: compare raw bytes + scales, not values
+            for k, v in local.full_parts(tree).items():
+                out[f"{prefix[:-1]}#{k}"] = v
+            out[f"{prefix[:-1]}#codec"] = local._codec.name
+        else:
+            out[prefix[:-1]] = full(tree)
     else:
         out[prefix[:-1]] = tree
     return out
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+    """The whole tensor on every rank (collective for DTensors); quantized -> dequantized."""
+    if isinstance(t, DTensor):
+        local = t._local_tensor
+        if hasattr(local, "full_parts"):
+            t = DTensor.from_local(local.dequantize(), t.device_mesh, t.placements, shape=t.shape,
+                                   stride=t.stride(), run_check=False)
+        t = t.full_tensor()
+    elif hasattr(t, "full_parts"):
+        t = t.dequantize()
+    return t.detach().cpu().clone()
 
 
 def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -45,7 +58,7 @@ class Run:
 
     def __init__(self, ctx, case, mesh_spec: MeshSpec, seed: int):
         self.ctx, self.case, self.spec = ctx, case, mesh_spec
-        self.mesh = device_mesh(mesh_spec, ctx.device_type)
+        self.mesh = ctx.mesh(mesh_spec)
         self.backend = ctx.backend
         self.model = self.backend.build(case, self.mesh, mesh_spec, seed, ctx.device)
         self.optim = self.backend.optimizer(self.model, case)
@@ -60,7 +73,8 @@ class Run:
             out = self.model(x)
         loss = mse(out, y)
         loss.backward()
-        grads = {n: full(p.grad) for n, p in self.model.named_parameters()} if capture_grads else None
+        grads = self._canonical({n: full(p.grad) for n, p in self.model.named_parameters()}) \
+            if capture_grads else None
         self.optim.step()
         self.optim.zero_grad(set_to_none=True)
         total = loss.detach().clone()
@@ -68,12 +82,17 @@ class Run:
         return float(total) / self.ctx.world_size, grads
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: full(p) for n, p in self.model.named_parameters()}
+        """Parameter values (dequantized), under the canonical (plain-torch module) names."""
+        return self._canonical({n: full(p) for n, p in self.model.named_parameters()})
+
+    def _canonical(self, d: dict) -> dict:
+        names = self.backend.canonical_names(self.model)
+        return {names.get(k, k): v for k, v in d.items()}
 
     def full_state(self) -> dict:
-        """Model + optimizer state as full (unsharded) CPU tensors, flattened."""
-        msd, osd = get_state_dict(self.model, self.optim,
-                                  options=StateDictOptions(full_state_dict=True))
+        """Model + optimizer state as full (unsharded) CPU tensors, flattened; quantized
+        tensors as their raw parts. Plain (non-DTensor) tensors stay as this rank holds them."""
+        msd, osd = get_state_dict(self.model, self.optim)
         return flatten({"model": msd, "optim": osd})
 
 

@@ -1,0 +1,358 @@
+"""QuantizedTensor: a torch.Tensor wrapper subclass holding a quantized tensor's raw parts.
+
+Logical shape and dtype are those of the high-precision tensor; the bytes live in ``_parts``
+(see codecs.py). ``__torch_dispatch__`` implements the ops FSDP2 and DCP use on parameters
+(detach, view, split / slice, as_strided, copy_, new_zeros / new_empty / empty_like, clone,
+_to_copy, zero_) without dequantizing; anything else dequantizes (the result is a plain tensor,
+an in-place op re-quantizes into ``self``).
+
+``FSDPQuantizedTensor`` adds FSDP2's all-gather extension (fixes/quantized_allgather.py):
+``fsdp_pre_all_gather`` sends the parts for the usage the GEMMs need (rowwise in forward,
+columnwise in a backward re-gather, both when the module does not reshard after forward),
+``fsdp_post_all_gather`` rebuilds the quantized tensor (in place on a re-gather, under
+``torch.autograd._unsafe_preserve_version_counter``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from . import codecs
+from .fixes import empty_untyped_storage, quantized_allgather, to_copy_keeps_subclass
+from .fixes import weights_only_pickle
+
+aten = torch.ops.aten
+
+
+class QuantizedTensor(torch.Tensor):
+    @staticmethod
+    def __new__(cls, shape, dtype, codec, parts, quantizer=None, requires_grad=False):
+        device = next(v.device for v in parts.values())
+        t = torch.Tensor._make_wrapper_subclass(cls, tuple(shape), dtype=dtype, device=device,
+                                                requires_grad=requires_grad)
+        t._codec, t._parts, t._quantizer = codec, dict(parts), quantizer
+        return t
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    # --- inspection -----------------------------------------------------------------------
+    def usages(self) -> set:
+        return self._codec.available(self._parts)
+
+    def dequantize(self, usage: str | None = None, dtype: torch.dtype | None = None):
+        if usage is None:
+            usage = "row" if "row" in self.usages() else "col"
+        return self._codec.dequantize(self._parts, tuple(self.shape), usage).to(dtype or self.dtype)
+
+    def raw_parts(self) -> dict:
+        return dict(self._parts)
+
+    def __repr__(self, *, tensor_contents=None):
+        parts = ", ".join(f"{k}{list(v.shape)}" for k, v in self._parts.items())
+        return f"{type(self).__name__}({self._codec.name}, shape={list(self.shape)}, {parts})"
+
+    # --- the fixes ------------------------------------------------------------------------
+    def untyped_storage(self):
+        return empty_untyped_storage.untyped_storage(self)
+
+    def __reduce_ex__(self, protocol):
+        state = (self._codec.name, tuple(self.shape), self.dtype, dict(self._parts))
+        if weights_only_pickle.fixed():
+            return _rebuild_quantized, state
+        return type(self)._rebuild, state  # before the fix: pickles as getattr(cls, "_rebuild")
+
+    @classmethod
+    def _rebuild(cls, codec_name, shape, dtype, parts):
+        return _rebuild_quantized(codec_name, shape, dtype, parts)
+
+    # --- dispatch -------------------------------------------------------------------------
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _OPS.get(func)
+        if handler is not None:
+            out = handler(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return _fallback(func, args, kwargs)
+
+
+class FSDPQuantizedTensor(QuantizedTensor):
+    """QuantizedTensor with FSDP2's all-gather extension hooks."""
+
+    def fsdp_pre_all_gather(self, mesh, orig_size, contiguous_orig_stride, module, mp_policy):
+        usages = _gather_usages(module, self.usages())
+        names = self._codec.parts_for(usages)
+        gathered = tuple(n for n in names if self._codec.factors[n] is not None)
+        scalars = {n: self._parts[n] for n in names if self._codec.factors[n] is None}
+        inputs = tuple(self._parts[n].contiguous() for n in gathered)
+        return inputs, (gathered, scalars, tuple(orig_size), self._quantizer)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        names, scalars, orig_size, quantizer = metadata
+        parts = dict(zip(names, all_gather_outputs))
+        parts.update(scalars)
+        if out is not None:  # backward re-gather: refill the tensor autograd saved
+            target = out._local_tensor if isinstance(out, DTensor) else out
+            with torch.autograd._unsafe_preserve_version_counter(target):
+                target._parts = parts
+            return
+        t = FSDPQuantizedTensor(orig_size, self.dtype, self._codec, parts, quantizer)
+        return t, tuple(all_gather_outputs)
+
+
+def make(shape, dtype, codec, parts, quantizer=None) -> QuantizedTensor:
+    """A QuantizedTensor of the class the current fixes ask for."""
+    cls = FSDPQuantizedTensor if quantized_allgather.enabled() else QuantizedTensor
+    return cls(shape, dtype, codec, parts, quantizer)
+
+
+def _rebuild_quantized(codec_name, shape, dtype, parts):
+    """Module-level reconstructor for pickling (allow-listed for weights_only loads)."""
+    return make(shape, dtype, codecs.CODECS[codec_name], parts)
+
+
+weights_only_pickle.safe_globals([_rebuild_quantized])
+
+
+def _gather_usages(module, have: set) -> set:
+    """rowwise for the forward, columnwise for a backward re-gather, both when the module keeps
+    its unsharded params from forward to backward (it does not reshard after forward)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+    group = getattr(state, "_fsdp_param_group", None)
+    if group is None:
+        return have
+    if group._training_state == TrainingState.PRE_BACKWARD:
+        return {"col"} & have or have
+    if group.post_forward_mesh_info is None:
+        return have
+    return {"row"} & have or have
+
+
+# --- ops ----------------------------------------------------------------------------------
+def _like(t: QuantizedTensor, shape, parts) -> QuantizedTensor:
+    return type(t)(shape, t.dtype, t._codec, parts, t._quantizer)
+
+
+def _alias(t, *_, **__):
+    return _like(t, t.shape, t._parts)
+
+
+def _view(t, size, *_, **__):
+    size = list(size)
+    if -1 in size:
+        known = 1
+        for s in size:
+            known *= s if s != -1 else 1
+        size[size.index(-1)] = t.numel() // max(known, 1)
+    if tuple(size) == tuple(t.shape):
+        return _alias(t)
+    return NotImplemented  # a real reshape of blocked data: dequantize (like TE)
+
+
+def _slice(t, dim=0, start=None, end=None, step=1):
+    if step != 1:
+        return NotImplemented
+    dim = dim % t.dim()
+    size = t.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else min(start, size))
+    end = size if end is None else (end + size if end < 0 else min(end, size))
+    end = max(end, start)
+    parts = {k: t._codec.slice_part(k, v, dim, start, end, size) for k, v in t._parts.items()}
+    shape = list(t.shape)
+    shape[dim] = end - start
+    return _like(t, shape, parts)
+
+
+def _split(t, split_size, dim=0):
+    size = t.shape[dim % t.dim()]
+    bounds = list(range(0, size, split_size)) if split_size else [0]
+    return [_slice(t, dim, b, min(b + split_size, size)) for b in bounds]
+
+
+def _split_with_sizes(t, sizes, dim=0):
+    out, start = [], 0
+    for s in sizes:
+        out.append(_slice(t, dim, start, start + s))
+        start += s
+    return out
+
+
+def _as_strided(t, size, stride, storage_offset=0):
+    contiguous = torch.empty(tuple(size), device="meta").stride()
+    if tuple(size) == tuple(t.shape) and tuple(stride) == contiguous and not storage_offset:
+        return _alias(t)
+    raise NotImplementedError(f"as_strided{tuple(size)}/{tuple(stride)} of a quantized tensor")
+
+
+def _copy_(dst, src, non_blocking=False):
+    if isinstance(dst, QuantizedTensor):
+        if isinstance(src, QuantizedTensor):
+            if src._codec is not dst._codec or tuple(src.shape) != tuple(dst.shape):
+                src = src.dequantize()
+            else:
+                for k, v in src._parts.items():
+                    if k in dst._parts and dst._parts[k].shape == v.shape:
+                        dst._parts[k].copy_(v, non_blocking=non_blocking)
+                    else:
+                        dst._parts[k] = v.to(dst.device, copy=True)
+                return dst
+        if dst._quantizer is None:
+            raise RuntimeError("copy_ of high-precision values into a QuantizedTensor that has "
+                               "no quantizer (a tensor rebuilt from a checkpoint)")
+        dst._quantizer.quantize_into(dst, src.to(dst.device))
+        return dst
+    dst.copy_(src.dequantize(), non_blocking=non_blocking)
+    return dst
+
+
+def _new_quantized(t, shape, device, fill: str):
+    # An explicit device is how DCP asks for a staging copy (new_empty(..., device="cpu")).
+    if device is not None and not to_copy_keeps_subclass.keeps_subclass():
+        if fill == "empty":  # before the fix: a copy of the high-precision values
+            return t.dequantize().to(device)
+        return torch.zeros(shape, dtype=t.dtype, device=device)
+    device = torch.device(device) if device is not None else t.device
+    parts = {}
+    for k, v in t._parts.items():
+        pshape = t._codec.part_shape(k, shape)
+        parts[k] = (torch.ones if t._codec.factors[k] is None else torch.zeros)(
+            pshape, dtype=v.dtype, device=device)
+    return type(t)(shape, t.dtype, t._codec, parts, t._quantizer)
+
+
+def _new_zeros(t, size, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is not None and dtype != t.dtype:
+        return torch.zeros(size, dtype=dtype, device=device or t.device)
+    return _new_quantized(t, tuple(size), device, "zeros")
+
+
+def _new_empty(t, size, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is not None and dtype != t.dtype:
+        return torch.empty(size, dtype=dtype, device=device or t.device)
+    return _new_quantized(t, tuple(size), device, "empty")
+
+
+def _empty_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if dtype is not None and dtype != t.dtype:
+        return torch.empty(t.shape, dtype=dtype, device=device or t.device)
+    # not a staging copy (e.g. Module.to_empty): always a quantized tensor
+    parts = {k: torch.empty(v.shape, dtype=v.dtype, device=device or v.device)
+             for k, v in t._parts.items()}
+    return _like(t, t.shape, parts)
+
+
+def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _new_zeros(t, t.shape, dtype=dtype, device=device)
+
+
+def _clone(t, memory_format=None):
+    return _like(t, t.shape, {k: v.clone() for k, v in t._parts.items()})
+
+
+def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    device = torch.device(device) if device is not None else t.device
+    if dtype is not None and dtype != t.dtype:
+        return t.dequantize(dtype=dtype).to(device)
+    if not to_copy_keeps_subclass.keeps_subclass():
+        return t.dequantize().to(device)  # before the fix: dequantized values
+    parts = {k: v.to(device, non_blocking=non_blocking, copy=True) for k, v in t._parts.items()}
+    return type(t)(t.shape, t.dtype, t._codec, parts, t._quantizer)
+
+
+def _zero_(t):
+    for k, v in t._parts.items():
+        (v.fill_(1) if t._codec.factors[k] is None else v.zero_())
+    return t
+
+
+_OPS = {
+    aten.detach.default: _alias, aten.alias.default: _alias, aten.view.default: _view,
+    aten._unsafe_view.default: _view, aten.slice.Tensor: _slice, aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split_with_sizes, aten.as_strided.default: _as_strided,
+    aten.copy_.default: _copy_, aten.new_zeros.default: _new_zeros,
+    aten.new_empty.default: _new_empty, aten.empty_like.default: _empty_like,
+    aten.zeros_like.default: _zeros_like, aten.clone.default: _clone,
+    aten._to_copy.default: _to_copy, aten.zero_.default: _zero_,
+}
+
+
+def _fallback(func, args, kwargs):
+    """Dequantize every QuantizedTensor argument and run ``func`` on plain tensors; an in-place
+    op on a QuantizedTensor re-quantizes the result into it."""
+    def unwrap(x):
+        return x.dequantize() if isinstance(x, QuantizedTensor) else x
+    flat_args = torch.utils._pytree.tree_map(unwrap, args)
+    flat_kwargs = torch.utils._pytree.tree_map(unwrap, kwargs)
+    out = func(*flat_args, **flat_kwargs)
+    if func._schema.is_mutable and args and isinstance(args[0], QuantizedTensor):
+        _copy_(args[0], flat_args[0])
+        return args[0]
+    return out
+
+
+# --- whole-tensor views used by checks -----------------------------------------------------
+def is_quantized(t) -> bool:
+    local = t._local_tensor if isinstance(t, DTensor) else t
+    return isinstance(local, QuantizedTensor)
+
+
+def local_of(t):
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def full_parts(t) -> dict:
+    """The raw parts of a (DTensor of a) QuantizedTensor at full size, on every rank (collective
+    for DTensors). Per-tensor scalars (a scale, NVFP4's global scale) come back as one value
+    when every rank holds the same one, else as the per-rank vector -- so shards quantized with
+    different scales show up in any comparison."""
+    import torch.distributed as dist
+    if not isinstance(t, DTensor):
+        return {k: v.detach().cpu().clone() for k, v in t._parts.items()}
+    local = t._local_tensor
+    out = {}
+    for k, v in sorted(local._parts.items()):
+        if local._codec.factors[k] is None:
+            vals = [torch.empty_like(v) for _ in range(dist.get_world_size())]
+            dist.all_gather(vals, v.contiguous())
+            same = all(torch.equal(a.view(-1).view(torch.uint8), vals[0].view(-1).view(torch.uint8))
+                       for a in vals)
+            out[k] = (vals[0] if same else torch.stack(vals)).detach().cpu().clone()
+            continue
+        shape = local._codec.part_shape(k, t.shape)
+        stride = torch.empty(shape, device="meta").stride()
+        d = DTensor.from_local(v, t.device_mesh, t.placements, shape=torch.Size(shape),
+                               stride=stride, run_check=False)
+        out[k] = d.full_tensor().detach().cpu().clone()
+    return out
+
+
+QuantizedTensor.full_parts = staticmethod(full_parts)
+
+
+def assemble(chunks: list, shape) -> dict:
+    """Full-size raw parts from DCP chunks [(logical offsets, QuantizedTensor), ...]."""
+    codec = chunks[0][1]._codec
+    out = {}
+    for k in chunks[0][1]._parts:
+        if codec.factors[k] is None:
+            vals = [c._parts[k] for _, c in chunks]
+            same = all(torch.equal(a.view(-1).view(torch.uint8), vals[0].view(-1).view(torch.uint8))
+                       for a in vals)
+            out[k] = vals[0] if same else torch.stack(vals)
+            continue
+        f = codec.factors[k]
+        full = torch.zeros(codec.part_shape(k, shape), dtype=chunks[0][1]._parts[k].dtype)
+        for offsets, c in chunks:
+            part = c._parts[k]
+            idx = tuple(slice(o // fk, o // fk + n) for o, fk, n in zip(offsets, f, part.shape))
+            full[idx] = part
+        out[k] = full
+    return out
+
+
+QuantizedTensor.assemble = staticmethod(assemble)

@@ -1,0 +1,203 @@
+"""Subcommands of ``python -m harness``: report, drift, goldens.
+
+Each subcommand is a :class:`Command` (name, help, arguments, run function returning the exit
+code); ``harness/__main__.py`` registers every command of :data:`COMMANDS`. To add one, write its
+logic in a module of this package and append a Command here (or to the list in __main__).
+
+Exit codes: 0 ok; 1 the check failed (drift with --fail-on-drift, goldens mismatch); 2 nothing
+to work on (empty or unreadable history, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import drift as drift_mod
+from . import goldens as goldens_mod
+from . import history as history_mod
+
+DEFAULT_HISTORY = Path("reports/history")
+DEFAULT_OUT = Path("reports/report.html")
+DEFAULT_GOLDENS = Path("goldens")
+
+DRIFT_EPILOG = """\
+defaults and why:
+  --baseline-runs 5  the median of 5 ignores up to 2 outlier runs and is a working week of
+                     nightlies; a persistent step stays flagged until it is the new median
+  --growth 4.0       run-to-run noise of error metrics (non-deterministic GPU reductions) stays
+                     within ~2x; 4x (two binary orders of magnitude) is a change in numerics
+  --fraction 0.5     still passing with 2x headroom: time to look before the nightly goes red
+  --min-value 1e-12  growth from 0 to below this is rounding noise, not drift
+Baselines only use runs of the same hardware key (device, GPU model, backend); the latest run
+of each (hardware, scenario, backend) is judged. Tolerance-0 (bitwise) rows are not series:
+they are 0 or already a failure. See docs/report.md.
+"""
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    epilog: str | None = None
+
+    def register(self, sub) -> None:
+        p = sub.add_parser(self.name, help=self.help, description=self.help, epilog=self.epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.add_arguments(p)
+        p.set_defaults(func=self.run)
+
+
+def _positive_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    v = float(s)
+    if not v > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return v
+
+
+def _history_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--history", type=Path, default=DEFAULT_HISTORY, metavar="DIR",
+                   help="directory of <run_id>.parquet files (default: %(default)s)")
+
+
+def _drift_args(p: argparse.ArgumentParser) -> None:
+    d = drift_mod.DriftConfig()
+    p.add_argument("--baseline-runs", type=_positive_int, default=d.baseline_runs, metavar="N",
+                   help="baseline = median of the previous N runs (default: %(default)s)")
+    p.add_argument("--growth", type=_positive_float, default=d.growth, metavar="K",
+                   help="flag a metric that grew by more than K x its baseline "
+                        "(default: %(default)s)")
+    p.add_argument("--fraction", type=_positive_float, default=d.fraction, metavar="F",
+                   help="flag a metric that crossed F x its tolerance (default: %(default)s)")
+    p.add_argument("--min-value", type=float, default=d.min_value, metavar="V",
+                   help="growth to values at or below V is never flagged (default: %(default)s)")
+
+
+def _config(args) -> drift_mod.DriftConfig:
+    return drift_mod.DriftConfig(baseline_runs=args.baseline_runs, growth=args.growth,
+                                 fraction=args.fraction, min_value=args.min_value)
+
+
+def load_history(path: Path) -> history_mod.History | None:
+    """The history, with skipped files on stderr; None (after a message) when nothing is usable."""
+    if not path.is_dir():
+        print(f"error: history directory {path} does not exist (run a scenario first: "
+              f"pytest --scenario smoke)", file=sys.stderr)
+        return None
+    h = history_mod.load(path)
+    for line in history_mod.format_problems(h.problems):
+        print(f"warning: {line}", file=sys.stderr)
+    if h.empty:
+        print(f"error: no usable runs in {path} (run a scenario first: pytest --scenario smoke)",
+              file=sys.stderr)
+        return None
+    return h
+
+
+# ---- report ----
+def _report_args(p):
+    _history_arg(p)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FILE",
+                   help="the HTML file to write (default: %(default)s)")
+    p.add_argument("--registry", type=Path, default=None, metavar="FILE",
+                   help="xfail registry for the ledger (default: the one the latest run used, "
+                        "else scenarios/xfails.yaml)")
+    p.add_argument("--title", default="Distributed correctness report")
+    _drift_args(p)
+
+
+def report(args) -> int:
+    from . import html
+    h = load_history(args.history)
+    if h is None:
+        return 2
+    reg = args.registry if args.registry is not None else html.default_registry(h)
+    text = html.Report(h, _config(args), reg, title=args.title).render()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(args.out)
+    print(f"wrote {args.out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
+          f"{h.latest['run_id']}" + (f"; skipped {len(h.problems)} file(s)" if h.problems else ""))
+    return 0
+
+
+# ---- drift ----
+def _drift_cmd_args(p):
+    _history_arg(p)
+    _drift_args(p)
+    p.add_argument("--at", metavar="RUN_ID", default=None,
+                   help="judge the history as it was right after this run (default: latest)")
+    p.add_argument("--fail-on-drift", action="store_true",
+                   help="exit 1 when anything is flagged (for CI)")
+
+
+def drift(args) -> int:
+    h = load_history(args.history)
+    if h is None:
+        return 2
+    cfg = _config(args)
+    try:
+        res = drift_mod.detect(h, cfg, at=args.at)
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    print(cfg.describe())
+    for g in res.groups.itertuples(index=False):
+        print(f"  {g.scenario} ({g.backend}) on {g.hw}: latest run {g.latest_run}, "
+              f"{g.baseline_runs} baseline run(s)")
+    for n in res.notes:
+        print(f"note: {n}")
+    judged = int((res.latest["base_n"] >= 1).sum()) if len(res.latest) else 0
+    print(f"{len(res.latest)} series in the latest runs, {judged} with a baseline (judged); "
+          f"{len(res.flags)} flagged")
+    print(drift_mod.format_flags(res))
+    if res.flagged and args.fail_on_drift:
+        print("drift flagged: failing (--fail-on-drift)", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---- goldens ----
+def _goldens_args(p):
+    _history_arg(p)
+    p.add_argument("--goldens", type=Path, default=DEFAULT_GOLDENS, metavar="DIR",
+                   help="directory of <key>.json golden files (default: %(default)s)")
+    p.add_argument("--run", metavar="RUN_ID", default=None,
+                   help="compare this run (default: the latest)")
+    p.add_argument("--update-goldens", action="store_true",
+                   help="rewrite the golden file of this hardware + software key from the run "
+                        "and print what changed (never done without this flag)")
+
+
+def goldens(args) -> int:
+    h = load_history(args.history)
+    if h is None:
+        return 2
+    try:
+        return goldens_mod.run(h, args.goldens, args.update_goldens, args.run)
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+
+
+COMMANDS = [
+    Command("report", "write the self-contained HTML report of a results history", _report_args,
+            report),
+    Command("drift", "flag metrics of the latest run that drift towards their tolerance",
+            _drift_cmd_args, drift, epilog=DRIFT_EPILOG),
+    Command("goldens", "compare the latest run's per-step losses bit for bit with pinned "
+                       "goldens (or --update-goldens)", _goldens_args, goldens),
+]
