@@ -78,13 +78,16 @@ class LaunchRecord:
     overhead_s: float  # start-up before the first task + shut-down after the last
     returncode: int | None
     timed_out: bool
+    gpus: str = ""  # CUDA_VISIBLE_DEVICES of the launch
 
 
 class Launcher:
     def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
-                 startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable):
+                 startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
+                 gpus: list[str] | None = None):
         self.root = Path(root)
         self.backend, self.device = backend, device
+        self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(env or {})
@@ -94,13 +97,53 @@ class Launcher:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------
+    def slots(self, world_size: int) -> list[dict]:
+        """GPU slot packing: with G visible GPUs, G // world_size launches run at once, each on
+        its own CUDA_VISIBLE_DEVICES slice. One slot (no env) on CPU."""
+        if self.device != "cuda" or not self.gpus:
+            return [{}]
+        n = len(self.gpus) // world_size
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus[i * world_size:(i + 1) * world_size])}
+                for i in range(max(n, 1))]
+
     def run_batch(self, tasks: list[Task], world_size: int, env: dict | None = None) -> dict:
-        """Run ``tasks`` (all of ``world_size``); re-launch after a timeout or crash until each
-        task has a result. Returns name -> TaskResult."""
+        """Run ``tasks`` (all of ``world_size``), spread over the GPU slots; re-launch after a
+        timeout or crash until each task has a result. Returns name -> TaskResult."""
+        slots = self.slots(world_size)
+        by_case: dict[str, list[Task]] = {}
+        for t in tasks:  # a case's tasks stay together (reshard may follow train in one launch)
+            by_case.setdefault(t.case.key, []).append(t)
+        chunks = [[] for _ in slots]
+        for i, group in enumerate(by_case.values()):
+            chunks[i % len(slots)].extend(group)
+        jobs = [(chunk, {**(env or {}), **slot}) for chunk, slot in zip(chunks, slots) if chunk]
+        if len(jobs) == 1:
+            return self._run_chunk(jobs[0][0], world_size, jobs[0][1])
+        results: dict[str, TaskResult] = {}
+        errors: list[BaseException] = []
+
+        def work(chunk, slot_env):
+            try:
+                got = self._run_chunk(chunk, world_size, slot_env)
+                with self._lock:
+                    results.update(got)
+            except BaseException as e:  # surfaced below, after every slot finished
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=job, daemon=True) for job in jobs]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _run_chunk(self, tasks: list[Task], world_size: int, env: dict) -> dict:
         results: dict[str, TaskResult] = {}
         remaining = list(tasks)
         while remaining:
-            got = self._launch(remaining, world_size, env or {})
+            got = self._launch(remaining, world_size, env)
             if not got:  # cannot happen by construction; never loop forever
                 raise RuntimeError("launch produced no result")
             results.update(got)
@@ -189,7 +232,8 @@ class Launcher:
         overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
         with self._lock:
             self.records.append(LaunchRecord(name, world_size, len(results), end - start,
-                                             overhead, returncode, timed_out))
+                                             overhead, returncode, timed_out,
+                                             env.get("CUDA_VISIBLE_DEVICES", "")))
         return results
 
     # ------------------------------------------------------------------------------------

@@ -285,6 +285,18 @@ class HarnessSession:
             self.env = env
         return self.env
 
+    def visible_gpus(self) -> list[str]:
+        """GPU ids launches may use: CUDA_VISIBLE_DEVICES if the caller set it, else all."""
+        if self.device != "cuda":
+            return []
+        import torch
+        if not torch.cuda.is_available():
+            return []
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if env:
+            return [g.strip() for g in env.split(",") if g.strip()]
+        return [str(i) for i in range(torch.cuda.device_count())]
+
     def max_world(self) -> int:
         m = self.config.getoption("max_world_size")
         if m:
@@ -303,12 +315,10 @@ class HarnessSession:
             if not isinstance(item, CaseItem):
                 continue
             need = max(item.case.world_sizes)
-            reason = None
-            if need > max_world:
+            reason = self.backend_obj.skip_reason(item.case, self.device)
+            if reason is None and need > max_world:
                 reason = (f"needs {need} ranks; --max-world-size / available "
                           f"{'GPUs' if self.device == 'cuda' else 'ranks'}: {max_world}")
-            else:
-                reason = self.backend_obj.skip_reason(item.case, self.device)
             if reason:
                 item.skip_reason = reason
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -341,7 +351,7 @@ class HarnessSession:
         if self.worker_id:
             base = base / self.worker_id
         self.work = Path(tempfile.mkdtemp(prefix=f"harness-{self.run_id}-"))
-        self.launcher = Launcher(base, self.backend, self.device)
+        self.launcher = Launcher(base, self.backend, self.device, gpus=self.visible_gpus())
         xdist = self.worker_id is not None
         self.scheduler = Scheduler(self.launcher, runnable, self.work / "ckpt",
                                    scope_of=self.scope_of if xdist else (lambda c: "all"))
@@ -351,7 +361,8 @@ class HarnessSession:
         self._pending_records.append(dict(name=rec.name, worker=self.worker_id or "",
                                           world_size=rec.world_size, tasks=rec.tasks,
                                           wall_s=rec.wall_s, overhead_s=rec.overhead_s,
-                                          returncode=rec.returncode, timed_out=rec.timed_out))
+                                          returncode=rec.returncode, timed_out=rec.timed_out,
+                                          gpus=rec.gpus))
 
     def pop_launch_records(self) -> list[dict]:
         out, self._pending_records = self._pending_records, []

@@ -79,10 +79,10 @@ class ScenarioSpec:
         """Values of ``axis`` for ``backend``; ScenarioError if the scenario has none for it."""
         values = self.axes[axis]
         if isinstance(values, dict):
-            if backend not in values:
+            if backend not in values and "default" not in values:
                 raise ScenarioError(f"{self.path}: axes.{axis}: no values for backend "
                                     f"'{backend}' (has: {', '.join(values)})")
-            values = values[backend]
+            values = values.get(backend, values.get("default"))
         if axis == "recipe":
             allowed = catalog.RECIPES_BY_BACKEND[backend]
             for i, v in enumerate(values):
@@ -146,15 +146,16 @@ def _parse_axes(path, raw) -> dict[str, Any]:
         if not _NAME.match(str(axis)):
             _fail(path, f"axes.{axis}", "axis names are lower_snake_case")
         values = raw[axis]
-        if isinstance(values, dict) and axis == "recipe":
+        if isinstance(values, dict):  # per backend: {torch: [...], te: [...], default: [...]}
             for backend, lst in values.items():
-                if backend not in catalog.BACKENDS:
-                    _fail(path, f"axes.recipe.{backend}",
-                          f"unknown backend; allowed: {', '.join(catalog.BACKENDS)}")
-                lst = _value_list(path, f"axes.recipe.{backend}", lst)
+                if backend not in catalog.BACKENDS + ("default",):
+                    _fail(path, f"axes.{axis}.{backend}", f"unknown backend; allowed: "
+                                                          f"{', '.join(catalog.BACKENDS)}, default")
+                lst = _value_list(path, f"axes.{axis}.{backend}", lst)
                 for i, v in enumerate(lst):
-                    _check_value(path, axis, f"axes.recipe.{backend}[{i}]", v)
-                    if v not in catalog.RECIPES_BY_BACKEND[backend]:
+                    _check_value(path, axis, f"axes.{axis}.{backend}[{i}]", v)
+                    if axis == "recipe" and backend != "default" and \
+                            v not in catalog.RECIPES_BY_BACKEND[backend]:
                         _fail(path, f"axes.recipe.{backend}[{i}]",
                               f"recipe '{v}' is not available with backend {backend}; allowed: "
                               f"{', '.join(catalog.RECIPES_BY_BACKEND[backend])}")

@@ -28,6 +28,11 @@ class TorchBackend:
         model = modules.build(case.ax["module"], case.model, seed, device)
         return parallel.parallelize(model, mesh, mesh_spec, case.recipe)
 
+    def reference_model(self, case, seed: int, device):
+        """The module the single-process FP32 reference trains (the plain-torch module)."""
+        from ..worker import modules
+        return modules.build(case.ax["module"], case.model, seed, device)
+
     def optimizer(self, model, case):
         return torch.optim.Adam(model.parameters(), lr=case.train.lr)
 

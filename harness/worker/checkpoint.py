@@ -75,12 +75,18 @@ def read_full(path: Path) -> dict:
             for k, v in type(got[0][1]).assemble(got, tuple(meta.size)).items():
                 state[f"{fqn}#{k}"] = v
             state[f"{fqn}#codec"] = got[0][1]._codec.name
-        else:
+        else:  # plain tensors; other quantized subclasses (TE) compare as values
             full = torch.zeros(meta.size, dtype=meta.properties.dtype)
             for offsets, t in got:
+                if type(t) is not torch.Tensor and hasattr(t, "dequantize"):
+                    t = t.dequantize()
                 full[tuple(slice(o, o + n) for o, n in zip(offsets, t.shape))] = t
-            state[fqn] = full
+            state[f"{fqn}#dequantized" if _te_like(got) else fqn] = full
     return flatten(state)
+
+
+def _te_like(chunks) -> bool:
+    return any(type(t) is not torch.Tensor and hasattr(t, "get_metadata") for _, t in chunks)
 
 
 def is_complete(path: Path) -> bool:

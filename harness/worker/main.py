@@ -51,7 +51,8 @@ class Context:
         """One DeviceMesh per mesh spec for the whole launch (process groups are costly)."""
         if spec.name not in self.meshes:
             from .parallel import device_mesh
-            self.meshes[spec.name] = device_mesh(spec, self.device_type)
+            self.meshes[spec.name] = device_mesh(spec, self.device_type,
+                                                 getattr(self.backend, "mesh_names", None))
         return self.meshes[spec.name]
 
 

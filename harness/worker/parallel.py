@@ -13,9 +13,13 @@ from torch.distributed.tensor.parallel import parallelize_module
 from ..mesh import REPLICATE, SHARD, TP, MeshSpec
 
 
-def device_mesh(spec: MeshSpec, device_type: str) -> DeviceMesh:
-    names, sizes = zip(*spec.dims)
-    return init_device_mesh(device_type, tuple(sizes), mesh_dim_names=tuple(names))
+def device_mesh(spec: MeshSpec, device_type: str, names: dict | None = None) -> DeviceMesh:
+    """``names`` renames the harness's dims (dp_replicate / dp_shard / tp) for backends that
+    look them up under other names (TE: replicate / shard / tp)."""
+    dims, sizes = zip(*spec.dims)
+    names = names or {}
+    return init_device_mesh(device_type, tuple(sizes),
+                            mesh_dim_names=tuple(names.get(d, d) for d in dims))
 
 
 def mixed_precision(recipe: str) -> MixedPrecisionPolicy | None:
@@ -24,8 +28,9 @@ def mixed_precision(recipe: str) -> MixedPrecisionPolicy | None:
     return None
 
 
-def fsdp_mesh(mesh: DeviceMesh, spec: MeshSpec) -> DeviceMesh:
-    return mesh[spec.fsdp_dims] if len(spec.fsdp_dims) > 1 else mesh[spec.fsdp_dims[0]]
+def fsdp_mesh(mesh: DeviceMesh, spec: MeshSpec, names: dict | None = None) -> DeviceMesh:
+    dims = tuple((names or {}).get(d, d) for d in spec.fsdp_dims)
+    return mesh[dims] if len(dims) > 1 else mesh[dims[0]]
 
 
 _WEIGHT_GROUPS: dict = {}
@@ -56,13 +61,15 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str)
     return shard(model, mesh, spec, recipe)
 
 
-def shard(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str) -> nn.Module:
+def shard(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str, units=None,
+          names: dict | None = None) -> nn.Module:
     """fully_shard each FSDP unit, then the root (HSDP on a 2-D replicate x shard mesh)."""
-    kwargs = dict(mesh=fsdp_mesh(mesh, spec))
+    kwargs = dict(mesh=fsdp_mesh(mesh, spec, names))
     mp = mixed_precision(recipe)
     if mp is not None:
         kwargs["mp_policy"] = mp
-    units = model.fsdp_units() if hasattr(model, "fsdp_units") else []
+    if units is None:
+        units = model.fsdp_units() if hasattr(model, "fsdp_units") else []
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)

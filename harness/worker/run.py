@@ -10,7 +10,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
 from ..mesh import MeshSpec
-from . import data, modules
+from . import data
+
+
+LOCAL = "local."  # marks rank-local raw buffers: comparable only on the same mesh and rank
+
+
+def mesh_independent(state: dict) -> dict:
+    return {k: v for k, v in state.items() if f"#{LOCAL}" not in k}
 
 
 def flatten(tree, prefix: str = "") -> dict:
@@ -25,12 +32,17 @@ def flatten(tree, prefix: str = "") -> dict:
             out.update(flatten(v, f"{prefix}{i}."))
     elif isinstance(tree, torch.Tensor):
         local = tree._local_tensor if isinstance(tree, DTensor) else tree
-        if hasattr(local, "full_parts"):  # quantized: compare raw bytes + scales, not values
+        key = prefix[:-1]
+        if hasattr(local, "full_parts"):  # reference: raw bytes + scales, gathered
             for k, v in local.full_parts(tree).items():
-                out[f"{prefix[:-1]}#{k}"] = v
-            out[f"{prefix[:-1]}#codec"] = local._codec.name
+                out[f"{key}#{k}"] = v
+            out[f"{key}#codec"] = local._codec.name
+        elif _quantized(local):  # TE: values (gathered) + this rank's raw buffers
+            out[f"{key}#dequantized"] = full(tree)
+            for k, v in raw_buffers(local).items():
+                out[f"{key}#{LOCAL}{k}"] = v
         else:
-            out[prefix[:-1]] = full(tree)
+            out[key] = full(tree)
     else:
         out[prefix[:-1]] = tree
     return out
@@ -40,13 +52,31 @@ def full(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor on every rank (collective for DTensors); quantized -> dequantized."""
     if isinstance(t, DTensor):
         local = t._local_tensor
-        if hasattr(local, "full_parts"):
+        if _quantized(local):
             t = DTensor.from_local(local.dequantize(), t.device_mesh, t.placements, shape=t.shape,
                                    stride=t.stride(), run_check=False)
         t = t.full_tensor()
-    elif hasattr(t, "full_parts"):
+    elif _quantized(t):
         t = t.dequantize()
     return t.detach().cpu().clone()
+
+
+def _quantized(t) -> bool:
+    """A quantized tensor subclass (the reference's or TransformerEngine's)."""
+    return type(t) is not torch.Tensor and hasattr(t, "dequantize") and \
+        (hasattr(t, "full_parts") or hasattr(t, "get_metadata"))
+
+
+RAW_EXCLUDE = ("transpose", "columnwise")  # TE rebuilds these lazily; not part of the saved bytes
+
+
+def raw_buffers(t) -> dict:
+    """A TransformerEngine quantized tensor's own raw buffers (rowwise data, scales, amax)."""
+    out = {}
+    for k, v in t.get_metadata().items():
+        if isinstance(v, torch.Tensor) and not any(x in k for x in RAW_EXCLUDE):
+            out[k.lstrip("_")] = v.detach().cpu().clone()
+    return out
 
 
 def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -96,10 +126,10 @@ class Run:
         return flatten({"model": msd, "optim": osd})
 
 
-def reference_run(case, steps: int, device, lr_scale: float = 1.0):
+def reference_run(case, backend, steps: int, device, lr_scale: float = 1.0):
     """Single-process FP32 run on the whole global batch: losses per step, first-step grads,
     final params (canonical names)."""
-    model = modules.build(case.ax["module"], case.model, case.train.seed, device)
+    model = backend.reference_model(case, case.train.seed, device)
     optim = torch.optim.Adam(model.parameters(), lr=case.train.lr * lr_scale)
     losses, grads = [], None
     for step in range(steps):
