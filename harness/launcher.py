@@ -33,7 +33,9 @@ from .matrix import Case
 # down for everyone; see DEVELOPERS.md / the device tool's KINDS.md).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONFAULTHANDLER": "1"}
+            "PYTHONFAULTHANDLER": "1",
+            # deterministic cuBLAS (bitwise next-step checks on GPU)
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 POLL_S = 0.2
 STACK_GRACE_S = 3.0
 LOG_TAIL = 6000

@@ -115,7 +115,7 @@ class TEBackend(TorchBackend):
 
     def reference_model(self, case, seed: int, device):
         """The FP32 reference: the same TE module, unquantized, on one GPU."""
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             return self.make(case, str(device))
 
@@ -132,16 +132,20 @@ class TEBackend(TorchBackend):
         for m in model.modules():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
-        full = {k: v for k, v in self.reference_model(case, seed, device).state_dict().items()
-                if not k.endswith("_extra_state")}
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
-                                                                   strict=False))
+        # Keep the reference's (empty, FP8 unused) _extra_state entries: without them torch's
+        # set_model_state_dict hands its _EXTRA_STATE placeholder to TE's set_extra_state,
+        # which raises "Unsupported checkpoint format." (seen with TE 2.20.2 / torch 2.11).
+        full = self.reference_model(case, seed, device).state_dict()
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
         return model
 
     def optimizer(self, model, case):
+        """FusedAdam; fp32 master weights for quantized params unless the case's ``optimizer``
+        axis says ``no_master_weights``."""
         from transformer_engine.pytorch.optimizers import FusedAdam
-        return FusedAdam(model.parameters(), lr=case.train.lr,
-                         master_weights=self.quantized(case), master_weight_dtype=torch.float32)
+        master = self.quantized(case) and case.ax.get("optimizer") != "no_master_weights"
+        return FusedAdam(model.parameters(), lr=case.train.lr, master_weights=master,
+                         master_weight_dtype=torch.float32)
 
     def autocast(self, case):
         te, _, _ = _import()

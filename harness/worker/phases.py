@@ -36,6 +36,7 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
     steps = case.train.steps
     with rec.section("train"):
         run = Run(ctx, case, case.mesh, seed=case.train.seed)
+        initial = run.full_params() if "fp32_parity" in case.checks else None
         losses, grads0 = [], None
         for step in range(steps):
             loss, g = run.step(step, capture_grads=(step == 0))
@@ -51,8 +52,16 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
                         _tol(case, "fp32_parity", "loss"))
             rec.compare("fp32_parity", "grads", grads0, ref_grads,
                         _tol(case, "fp32_parity", "grads"))
-            rec.compare("fp32_parity", "params", run.full_params(), ref_params,
+            final = run.full_params()
+            rec.compare("fp32_parity", "params", final, ref_params,
                         _tol(case, "fp32_parity", "params"))
+            # An optimizer that silently skips a parameter can stay inside the tolerance for a
+            # few steps; every parameter with a gradient must have moved.
+            frozen = [n for n, g in grads0.items()
+                      if n in final and bool(g.abs().max() > 0) and torch.equal(final[n], initial[n])]
+            rec.flag("fp32_parity", "params_updated", not frozen,
+                     f"{len(frozen)} parameters did not move during training: {', '.join(frozen[:6])}"
+                     if frozen else "every parameter with a gradient moved")
     for name, check in ctx.backend.checks(case).items():
         if name in case.checks:
             with rec.section(name):
