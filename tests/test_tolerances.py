@@ -63,3 +63,9 @@ def test_structure_problems_fail():
     assert "dtype" in c.problems[0]
     c = compare({"lr": 0.1, "s": torch.tensor(3)}, {"lr": 0.2, "s": torch.tensor(3)})
     assert c.problems == ["lr: 0.1 != 0.2"]
+
+
+def test_empty_tensors_compare_equal():
+    e = torch.empty(0, dtype=torch.uint8)
+    c = compare({"x": e, "y": torch.ones(2)}, {"x": e.clone(), "y": torch.ones(2)})
+    assert c.passes(BITWISE) and c.n_total == 2
