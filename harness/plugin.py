@@ -49,7 +49,7 @@ def pytest_addoption(parser):
     g.addoption("--scenario", action="append", default=[], metavar="NAME",
                 help="run scenario NAME (scenarios/NAME.yaml or a path); repeatable; 'all'")
     g.addoption("--scenario-dir", default=None, metavar="DIR",
-                help="where scenario files live (default: <rootdir>/scenarios)")
+                help="where scenario files live (default: ./scenarios, else <rootdir>/scenarios)")
     g.addoption("--backend", default=catalog.DEFAULT_BACKEND, choices=catalog.BACKENDS,
                 help="torch (plain PyTorch), reference (our TE-style quantized modules) or te "
                      "(TransformerEngine, GPU)")
@@ -204,7 +204,10 @@ class HarnessSession:
     def __init__(self, config, names: list[str]):
         self.config = config
         self.t0 = time.time()
-        root = Path(config.rootpath)
+        # The project root: where pytest was started if it has scenarios/, else pytest's rootdir
+        # (an existing path given as an option value can move pytest's rootdir elsewhere).
+        here = Path(config.invocation_params.dir)
+        root = here if (here / "scenarios").is_dir() else Path(config.rootpath)
         self.root = root
         self.scenario_dir = Path(config.getoption("scenario_dir") or root / "scenarios")
         self.names = names

@@ -3,22 +3,24 @@
 A comparison passes when ``max_abs <= tol.max_abs`` and ``rel_l2 <= tol.rel_l2``. ``BITWISE``
 means the bit patterns must be identical (so -0.0 != 0.0 and NaN payloads count).
 
-Tolerances are derived from the number format and the training setup (Adam, lr, steps);
-repeated runs only confirm them (the measured values are in the README's tolerance table).
-Never raise one to make a case pass: register an xfail with a reason instead
-(``scenarios/xfails.yaml``).
+Tolerances are derived from the number format and the training setup (Adam, lr, steps) -- and,
+for parameters, from the scale of the model's own initial weights (``ParamScale``, measured at
+init: a relative error of the *update* is an absolute error of lr-sized steps, so it weighs more
+on small weights). Repeated runs only confirm them (measured values: README). Never raise one
+to make a case pass: register an xfail with a reason instead (``scenarios/xfails.yaml``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import math
+from dataclasses import asdict, dataclass
+from typing import Callable
 
 # Training setup the derivations assume (spec.TrainSpec defaults; Adam betas 0.9/0.999).
 LR, STEPS, BETA1, BETA2 = 1e-2, 3, 0.9, 0.999
 FP32_U = 2.0**-24  # unit roundoff
 BF16_U = 2.0**-9
+BF16_GRAD_EPS = 16 * BF16_U  # relative gradient error of bf16 compute (see _BF16_GRADS)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,26 @@ class Tolerance:
     def to_dict(self) -> dict:
         return asdict(self)
 
+
+@dataclass(frozen=True)
+class ParamScale:
+    """The model's weights at init: the smallest RMS of a >=2-D weight and the largest |w|
+    (plus the drift lr*steps). Measured by the worker before training."""
+    rms_min: float
+    w_max: float
+
+    @staticmethod
+    def measure(params: dict) -> "ParamScale":
+        weights = [p.double() for p in params.values() if p.dim() >= 2 and p.numel()]
+        if not weights:
+            return ParamScale(1.0, 1.0)
+        return ParamScale(min(float(w.pow(2).mean().sqrt()) for w in weights),
+                          max(float(w.abs().max()) for w in weights) + LR * STEPS)
+
+
+# The plain-torch modules at their default dims (nn.Linear init U(+-1/sqrt(fan_in)), largest
+# fan-in ffn=72): the scale a lookup without a measurement assumes.
+CANONICAL = ParamScale(rms_min=1 / math.sqrt(3 * 72), w_max=1 / math.sqrt(32) + LR * STEPS)
 
 BITWISE = Tolerance(0.0, 0.0, "same bytes in, same bytes out: a checkpoint round trip or an "
                               "identical computation must be bit-exact")
@@ -67,36 +89,24 @@ _BF16_GRADS = Tolerance(
     max_abs=2e-2, rel_l2=4e-2,
     reason="bf16 gradients (reduced in fp32): backward rounds activations and grads, ~2x the "
            "forward's roundings -> <= 16u ~ 3e-2 relative")
-_BF16_PARAMS = Tolerance(
-    max_abs=_ADAM_FLIP, rel_l2=2e-2,
-    reason=f"bf16 compute, fp32 params and Adam: a relative grad error eps=16u=3e-2 becomes an "
-           f"update error of eps*lr per step, <= eps*lr*steps = 9e-4 per element; against the "
-           f"smallest param RMS at init (1/sqrt(3*fan_in) = 0.068 for fan_in 72) that is "
-           f"rel-L2 <= 1.4e-2; max_abs: Adam's step bound, 2 * steps * {ADAM_STEP:.3g} = "
-           f"{_ADAM_FLIP:.3g}")
 
-_BF16_NEXT_PARAMS = Tolerance(
-    max_abs=2 * ADAM_STEP, rel_l2=1e-2,
-    reason=f"bf16, one step on the target mesh from a bit-identical state: bf16 matmul shapes and "
-           f"fp32 reduction order differ; one Adam step moves a weight by <= {ADAM_STEP:.3g}, two "
-           f"runs <= {2 * ADAM_STEP:.3g} apart; rel-L2: a relative grad error eps = 16u = 3e-2 "
-           f"over one step, eps*lr/RMS_min(0.068) = 4.4e-3, bound 1e-2")
 
-# (check, quantity, recipe) -> Tolerance. quantity names what is compared.
-_TABLE: dict[tuple[str, str, str], Tolerance] = {
-    ("fp32_parity", "loss", "fp32"): _FP32_LOSS,
-    ("fp32_parity", "grads", "fp32"): _FP32_GRADS,
-    ("fp32_parity", "params", "fp32"): _FP32_PARAMS,
-    ("fp32_parity", "loss", "bf16"): _BF16_LOSS,
-    ("fp32_parity", "grads", "bf16"): _BF16_GRADS,
-    ("fp32_parity", "params", "bf16"): _BF16_PARAMS,
-    # Next step after loading on another mesh: the state is bit-identical, one step differs
-    # only by the target mesh's reduction order (fp32) or its bf16 matmul shapes (bf16).
-    ("reshard", "next_loss", "fp32"): _FP32_LOSS,
-    ("reshard", "next_params", "fp32"): _FP32_PARAMS,
-    ("reshard", "next_loss", "bf16"): _BF16_LOSS,
-    ("reshard", "next_params", "bf16"): _BF16_NEXT_PARAMS,
-}
+def _bf16_params(s: ParamScale) -> Tolerance:
+    rel = 2 * BF16_GRAD_EPS * LR * STEPS / s.rms_min
+    return Tolerance(_ADAM_FLIP, rel, (
+        f"bf16 compute, fp32 params and Adam: a relative grad error eps = 16u = "
+        f"{BF16_GRAD_EPS:.3g} becomes an update error of eps*lr per step; over {STEPS} steps and "
+        f"against the smallest weight RMS at init ({s.rms_min:.3g}) that is rel-L2 "
+        f"{rel / 2:.3g}, bound twice that; max_abs: Adam's step bound 2*steps*{ADAM_STEP:.3g}"))
+
+
+def _bf16_next_params(s: ParamScale) -> Tolerance:
+    rel = 2 * BF16_GRAD_EPS * LR / s.rms_min
+    return Tolerance(2 * ADAM_STEP, rel, (
+        f"bf16, one step on the target mesh from a bit-identical state (other matmul shapes and "
+        f"reduction order): one Adam step moves a weight by <= {ADAM_STEP:.3g}, two runs <= "
+        f"{2 * ADAM_STEP:.3g} apart; rel-L2 2*eps*lr/RMS_min = {rel:.3g}"))
+
 
 # --- quantized recipes ---------------------------------------------------------------------
 # Every GEMM operand is rounded to the recipe's format; a rounding error is uniform in +-u
@@ -113,43 +123,61 @@ QUANT_FORMATS = {  # recipe -> (u_fwd, u_bwd, u_w, why)
     "nvfp4": (2**-2 + 2**-4, 2**-2 + 2**-4, 2**-2 + 2**-4,
               "E2M1 (u=2^-2) with E4M3 block scales (+2^-4)"),
 }
-PARAM_RMS_MIN = 1 / math.sqrt(3 * 512)  # nn.Linear init RMS at the largest fan-in used (512)
-W_MAX = 1 / math.sqrt(256) + LR * STEPS  # largest |weight|: init bound at fan-in 256 + drift
 
 
-def _register_quantized() -> None:
-    for recipe, (uf, ub, uw, why) in QUANT_FORMATS.items():
-        r_fwd = math.sqrt(2 / 3) * uf  # RMS relative error of a GEMM with 2 rounded operands
-        r_bwd = math.sqrt((ub ** 2 + uf ** 2) / 3)
-        q_w = uw / math.sqrt(3)  # RMS relative error of a stored weight
-        traj = STEPS * LR * r_bwd / PARAM_RMS_MIN  # update error accumulated over the steps
-        loss = Tolerance(2 * r_fwd, 2 * r_fwd, (
-            f"{recipe} ({why}): the loss of rounded outputs (RMS relative error "
-            f"r_fwd = sqrt(2/3) u_fwd = {r_fwd:.3g}) cannot move by more than 2 r_fwd"))
-        grads = Tolerance(math.inf, 2 * r_bwd, (
-            f"{recipe} ({why}): gradient GEMMs round a gradient and an activation/weight, RMS "
-            f"relative error r_bwd = sqrt((u_bwd^2 + u_fwd^2)/3) = {r_bwd:.3g}; bound 2 r_bwd. "
-            f"Judged by rel-L2 only: a single element of a quantized GEMM can be off by its "
-            f"whole size"))
-        params = Tolerance(_ADAM_FLIP + uw * W_MAX,
-                           2 * math.sqrt(q_w ** 2 + traj ** 2), (
+def _quantized(recipe: str) -> dict[tuple[str, str], Callable[[ParamScale], Tolerance]]:
+    uf, ub, uw, why = QUANT_FORMATS[recipe]
+    r_fwd = math.sqrt(2 / 3) * uf  # RMS relative error of a GEMM with 2 rounded operands
+    r_bwd = math.sqrt((ub ** 2 + uf ** 2) / 3)
+    q_w = uw / math.sqrt(3)  # RMS relative error of a stored weight
+    loss = Tolerance(2 * r_fwd, 2 * r_fwd, (
+        f"{recipe} ({why}): the loss of rounded outputs (RMS relative error "
+        f"r_fwd = sqrt(2/3) u_fwd = {r_fwd:.3g}) cannot move by more than 2 r_fwd"))
+    grads = Tolerance(math.inf, 2 * r_bwd, (
+        f"{recipe} ({why}): gradient GEMMs round a gradient and an activation/weight, RMS "
+        f"relative error r_bwd = sqrt((u_bwd^2 + u_fwd^2)/3) = {r_bwd:.3g}; bound 2 r_bwd. "
+        f"Judged by rel-L2 only: a single element of a quantized GEMM can be off by its whole "
+        f"size"))
+
+    def params(s: ParamScale) -> Tolerance:
+        traj = STEPS * LR * r_bwd / s.rms_min  # update error accumulated over the steps
+        return Tolerance(_ADAM_FLIP + uw * s.w_max, 2 * math.sqrt(q_w ** 2 + traj ** 2), (
             f"{recipe} ({why}): stored weights are rounded (RMS {q_w:.3g} relative) and the "
-            f"trajectory drifts by steps*lr*r_bwd/RMS_min = {traj:.3g}; rel-L2 bound twice their "
-            f"quadrature sum. max_abs: Adam's step bound {_ADAM_FLIP:.3g} + one rounding of the "
-            f"largest weight u_w*W_max = {uw * W_MAX:.3g}"))
-        next_params = Tolerance(2 * ADAM_STEP + uw * W_MAX, q_w, (
+            f"trajectory drifts by steps*lr*r_bwd/RMS_min = {traj:.3g} (RMS_min {s.rms_min:.3g}); "
+            f"rel-L2 bound twice their quadrature sum. max_abs: Adam's step bound "
+            f"{_ADAM_FLIP:.3g} + one rounding of the largest weight u_w*w_max = "
+            f"{uw * s.w_max:.3g}"))
+
+    def next_params(s: ParamScale) -> Tolerance:
+        return Tolerance(2 * ADAM_STEP + uw * s.w_max, q_w, (
             f"{recipe}: the loaded state is bit-identical; one step on the new mesh quantizes "
-            f"activations of different local shapes, moving each weight by at most Adam's step "
-            f"bound twice ({2 * ADAM_STEP:.3g}) plus one rounding of the stored weight "
-            f"({uw * W_MAX:.3g}); rel-L2 at most the weight format's RMS rounding {q_w:.3g}"))
-        for check, quantity, tol in (("fp32_parity", "loss", loss), ("fp32_parity", "grads", grads),
-                                     ("fp32_parity", "params", params),
-                                     ("reshard", "next_loss", loss),
-                                     ("reshard", "next_params", next_params)):
-            _TABLE[(check, quantity, recipe)] = tol
+            f"activations of other local shapes, moving each weight by at most Adam's step bound "
+            f"twice ({2 * ADAM_STEP:.3g}) plus one rounding of the stored weight "
+            f"({uw * s.w_max:.3g}); rel-L2 at most the weight format's RMS rounding {q_w:.3g}"))
+
+    return {("fp32_parity", "loss"): lambda s: loss, ("fp32_parity", "grads"): lambda s: grads,
+            ("fp32_parity", "params"): params, ("reshard", "next_loss"): lambda s: loss,
+            ("reshard", "next_params"): next_params}
 
 
-_register_quantized()
+# (check, quantity, recipe) -> Tolerance, or a function of the measured ParamScale.
+_TABLE: dict[tuple[str, str, str], Tolerance | Callable[[ParamScale], Tolerance]] = {
+    ("fp32_parity", "loss", "fp32"): _FP32_LOSS,
+    ("fp32_parity", "grads", "fp32"): _FP32_GRADS,
+    ("fp32_parity", "params", "fp32"): _FP32_PARAMS,
+    ("fp32_parity", "loss", "bf16"): _BF16_LOSS,
+    ("fp32_parity", "grads", "bf16"): _BF16_GRADS,
+    ("fp32_parity", "params", "bf16"): _bf16_params,
+    # Next step after loading on another mesh: the state is bit-identical, one step differs
+    # only by the target mesh's reduction order (fp32) or its bf16 matmul shapes (bf16).
+    ("reshard", "next_loss", "fp32"): _FP32_LOSS,
+    ("reshard", "next_params", "fp32"): _FP32_PARAMS,
+    ("reshard", "next_loss", "bf16"): _BF16_LOSS,
+    ("reshard", "next_params", "bf16"): _bf16_next_params,
+}
+for _recipe in QUANT_FORMATS:
+    for (_check, _quantity), _fn in _quantized(_recipe).items():
+        _TABLE[(_check, _quantity, _recipe)] = _fn
 
 # Quantities that must be bit-exact whatever the recipe.
 _BITWISE_QUANTITIES = {
@@ -163,14 +191,10 @@ class MissingTolerance(KeyError):
     pass
 
 
-
-def register(check: str, quantity: str, recipe: str, tol: Tolerance) -> None:
-    """Backends with their own recipes add their rows here (one table, one place)."""
-    _TABLE[(check, quantity, recipe)] = tol
-
-
-def lookup(check: str, quantity: str, recipe: str, overrides: dict | None = None) -> Tolerance:
-    """The tolerance for ``quantity`` of ``check`` under ``recipe``.
+def lookup(check: str, quantity: str, recipe: str, overrides: dict | None = None,
+           scale: ParamScale | None = None) -> Tolerance:
+    """The tolerance for ``quantity`` of ``check`` under ``recipe``, for a model whose initial
+    weights have ``scale`` (default: the plain-torch modules at default dims).
 
     ``overrides`` is a scenario's ``tolerances`` mapping (check -> recipe -> fields); it applies
     to every quantity of that check. Bitwise quantities cannot be overridden.
@@ -181,16 +205,18 @@ def lookup(check: str, quantity: str, recipe: str, overrides: dict | None = None
     if o:
         return Tolerance(float(o["max_abs"]), float(o["rel_l2"]), str(o["reason"]))
     try:
-        return _TABLE[(check, quantity, recipe)]
+        entry = _TABLE[(check, quantity, recipe)]
     except KeyError:
         raise MissingTolerance(f"no tolerance for check={check} quantity={quantity} "
                                f"recipe={recipe}: add one with its reason to "
                                f"harness/tolerances.py") from None
+    return entry(scale or CANONICAL) if callable(entry) else entry
 
 
-def table() -> list[dict]:
-    """All rows, for the README / report."""
-    rows = [dict(check=c, quantity=q, recipe=r, **t.to_dict()) for (c, q, r), t in _TABLE.items()]
+def table(scale: ParamScale | None = None) -> list[dict]:
+    """All rows (scale-dependent ones at ``scale``), for the README / report."""
+    rows = [dict(check=c, quantity=q, recipe=r, **lookup(c, q, r, scale=scale).to_dict())
+            for (c, q, r) in _TABLE]
     rows += [dict(check=c, quantity=q, recipe="*", **BITWISE.to_dict())
              for c, q in sorted(_BITWISE_QUANTITIES)]
     return rows

@@ -11,6 +11,7 @@ mesh -> reshard (state bitwise vs S, next step within tolerance of the uninterru
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -24,8 +25,8 @@ from .run import Run, mesh_independent, reference_run
 EXPECTED = "expected.pt"  # written by the train phase for the reshard phase
 
 
-def _tol(case, check, quantity):
-    return tolerances.lookup(check, quantity, case.recipe, case.tolerances)
+def _tol(case, check, quantity, scale=None):
+    return tolerances.lookup(check, quantity, case.recipe, case.tolerances, scale)
 
 
 def _losses(values) -> dict:
@@ -36,7 +37,8 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
     steps = case.train.steps
     with rec.section("train"):
         run = Run(ctx, case, case.mesh, seed=case.train.seed)
-        initial = run.full_params() if "fp32_parity" in case.checks else None
+        initial = run.full_params()
+        scale = tolerances.ParamScale.measure(initial)  # parameter tolerances scale with it
         losses, grads0 = [], None
         for step in range(steps):
             loss, g = run.step(step, capture_grads=(step == 0))
@@ -54,7 +56,7 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
                         _tol(case, "fp32_parity", "grads"))
             final = run.full_params()
             rec.compare("fp32_parity", "params", final, ref_params,
-                        _tol(case, "fp32_parity", "params"))
+                        _tol(case, "fp32_parity", "params", scale))
             # An optimizer that silently skips a parameter can stay inside the tolerance for a
             # few steps; every parameter with a gradient must have moved.
             frozen = [n for n, g in grads0.items()
@@ -105,7 +107,8 @@ def train(ctx, case, ckpt: Path, rec: Recorder) -> None:
 
     if case.target is not None:
         _on_rank0(ctx, lambda: torch.save(
-            {"state": saved, "next_loss": next_loss, "next_params": next_params}, ckpt / EXPECTED))
+            {"state": saved, "next_loss": next_loss, "next_params": next_params,
+             "scale": dataclasses.astuple(scale)}, ckpt / EXPECTED))
 
 
 def _on_rank0(ctx, fn) -> None:
@@ -148,8 +151,9 @@ def _reshard(ctx, case, ckpt: Path, rec: Recorder) -> None:
     loss, _ = run.step(case.train.steps)
     rec.compare("reshard", "next_loss", _losses([loss]), _losses([expected["next_loss"]]),
                 _tol(case, "reshard", "next_loss"))
+    scale = tolerances.ParamScale(*expected["scale"])
     rec.compare("reshard", "next_params", run.full_params(), expected["next_params"],
-                _tol(case, "reshard", "next_params"))
+                _tol(case, "reshard", "next_params", scale))
 
 
 PHASES = {"train": train, "reshard": reshard}
