@@ -86,10 +86,18 @@ class LaunchRecord:
 class Launcher:
     def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
-                 gpus: list[str] | None = None):
+                 gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                 node_launcher: list[str] | None = None):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
+        # Multi-node: the world is split over `nnodes` torchrun agents meeting at a c10d
+        # rendezvous. With `node_launcher` (e.g. ["srun", "--nodes=2", "--ntasks-per-node=1"])
+        # one command starts an agent per node; without it the agents run on this host
+        # (simulated nodes, how CI tests this path).
+        self.nnodes = nnodes
+        self.rdzv_endpoint = rdzv_endpoint
+        self.node_launcher = list(node_launcher or [])
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(env or {})
@@ -161,10 +169,23 @@ class Launcher:
             (d / sub).mkdir(parents=True, exist_ok=True)
         return name, d
 
-    def command(self, plan_path: Path, world_size: int) -> list[str]:
-        return [self.python, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={world_size}", "--max-restarts=0", "--monitor-interval=0.5",
-                "-m", "harness.worker", "--plan", str(plan_path)]
+    def commands(self, plan_path: Path, world_size: int, launch: str) -> list[list[str]]:
+        """The argv lists to start for one launch (no shell)."""
+        worker = ["--max-restarts=0", "--monitor-interval=0.5", "-m", "harness.worker",
+                  "--plan", str(plan_path)]
+        torchrun = [self.python, "-m", "torch.distributed.run"]
+        if self.nnodes == 1:
+            return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
+        if world_size % self.nnodes:
+            raise ValueError(f"world size {world_size} does not split over {self.nnodes} nodes")
+        endpoint = self.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+        agent = torchrun + [f"--nnodes={self.nnodes}",
+                            f"--nproc-per-node={world_size // self.nnodes}",
+                            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                            f"--rdzv-id={launch}-{os.getpid()}"] + worker
+        if self.node_launcher:
+            return [self.node_launcher + agent]
+        return [agent for _ in range(self.nnodes)]
 
     def _launch(self, tasks: list[Task], world_size: int, env: dict) -> dict[str, TaskResult]:
         name, d = self._new_dir()
@@ -179,14 +200,17 @@ class Launcher:
         repo = str(Path(__file__).resolve().parent.parent)
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, full_env.get("PYTHONPATH")) if p)
         start = time.time()
+        procs = []
         with open(d / "torchrun.log", "w") as out:
-            proc = subprocess.Popen(self.command(plan_path, world_size), stdout=out,
-                                    stderr=subprocess.STDOUT, env=full_env,
-                                    start_new_session=True, cwd=str(d))
+            for argv in self.commands(plan_path, world_size, name):
+                procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                              env=full_env, start_new_session=True, cwd=str(d)))
         by_name = {t.name: t for t in tasks}
         hung, timed_out = None, False
         try:
-            while proc.poll() is None:
+            while None in (states := [p.poll() for p in procs]):
+                if any(rc not in (None, 0) for rc in states):
+                    break  # one agent failed: the others would wait for it forever
                 time.sleep(POLL_S)
                 current = self._current(d)
                 if current is None:
@@ -202,10 +226,11 @@ class Launcher:
                     time.sleep(STACK_GRACE_S)
                     break
         finally:
-            _kill_group(proc)
+            for p in procs:
+                _kill_group(p, gentle=bool(self.node_launcher))
         end = time.time()
         results = self._collect(d, name, by_name)
-        returncode = proc.returncode
+        returncode = next((p.returncode for p in procs if p.returncode), procs[0].returncode)
         if hung is not None:
             results[hung] = TaskResult(
                 name=hung, status="timeout", launch=name, seconds=end - start,
@@ -287,8 +312,22 @@ def _signal_all(pids, sig) -> None:
             pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill torchrun, its workers and anything they spawned (async DCP helpers)."""
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(proc: subprocess.Popen, gentle: bool = False) -> None:
+    """Kill torchrun, its workers and anything they spawned (async DCP helpers). ``gentle``:
+    SIGTERM first (srun forwards it to the remote nodes; SIGKILL would orphan them)."""
+    if gentle and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -66,6 +66,18 @@ def pytest_addoption(parser):
                 help="override every scenario's per-case timeout_s")
     g.addoption("--keep-work", action="store_true",
                 help="keep checkpoints (normally deleted at the end of the run)")
+    g.addoption("--work-dir", default=None, metavar="DIR",
+                help="where checkpoints go (default: a temporary dir; multi-node: shared storage)")
+    g.addoption("--world-size", type=int, default=None, metavar="N",
+                help="only cases whose largest world size is N (shard a nightly run by GPUs)")
+    g.addoption("--nnodes", type=int, default=1, metavar="N",
+                help="split each launch over N torchrun agents (c10d rendezvous); without "
+                     "--node-launcher they run on this host as simulated nodes")
+    g.addoption("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                help="c10d rendezvous endpoint for --nnodes > 1 (default: 127.0.0.1:free port)")
+    g.addoption("--node-launcher", default=None, metavar="CMD",
+                help='command that starts one agent per node, e.g. "srun --nodes=2 '
+                     '--ntasks-per-node=1" (see ci/slurm/)')
 
 
 def pytest_configure(config):
@@ -312,6 +324,15 @@ class HarnessSession:
     @pytest.hookimpl(trylast=True)  # after -k / -m deselection
     def pytest_collection_modifyitems(self, items) -> None:
         """Skip markers (world size, capability), strict xfails (registry), xdist groups."""
+        only = self.config.getoption("world_size")
+        if only:
+            keep, dropped = [], []
+            for i in items:
+                (keep if not isinstance(i, CaseItem) or max(i.case.world_sizes) == only
+                 else dropped).append(i)
+            if dropped:
+                self.config.hook.pytest_deselected(items=dropped)
+                items[:] = keep
         env, max_world = self.environment(), self.max_world()
         xdist = self.worker_id is not None
         for item in items:
@@ -353,8 +374,15 @@ class HarnessSession:
         base = self.report_dir / "runs" / self.run_id / "launches"
         if self.worker_id:
             base = base / self.worker_id
-        self.work = Path(tempfile.mkdtemp(prefix=f"harness-{self.run_id}-"))
-        self.launcher = Launcher(base, self.backend, self.device, gpus=self.visible_gpus())
+        wd = self.config.getoption("work_dir")
+        if wd:
+            Path(wd).mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix=f"harness-{self.run_id}-", dir=wd))
+        launcher = self.config.getoption("node_launcher")
+        self.launcher = Launcher(base, self.backend, self.device, gpus=self.visible_gpus(),
+                                 nnodes=self.config.getoption("nnodes"),
+                                 rdzv_endpoint=self.config.getoption("rdzv_endpoint"),
+                                 node_launcher=shlex.split(launcher) if launcher else None)
         xdist = self.worker_id is not None
         self.scheduler = Scheduler(self.launcher, runnable, self.work / "ckpt",
                                    scope_of=self.scope_of if xdist else (lambda c: "all"))
@@ -431,7 +459,8 @@ class HarnessSession:
             self.meta = meta
             self.written = results.write_run(self.report_dir, self.run_id,
                                              results.frame(rows, meta), meta)
-        stale = self.registry.stale(set(self.paths))
+        ran = {info["scenario"] for o, info in self.collected.values() if o != "skipped"}
+        stale = self.registry.stale(ran, self.backend)
         for e in stale:
             if self.collected:
                 warnings.warn(pytest.PytestWarning(

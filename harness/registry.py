@@ -114,11 +114,14 @@ class Registry:
             return found[0]
         return None
 
-    def stale(self, scenarios: set[str]) -> list[Entry]:
-        """Entries for scenarios of this run that matched no case."""
+    def stale(self, scenarios: set[str], backend: str | None = None) -> list[Entry]:
+        """Entries for the scenarios (and backend) this run ran cases of that matched none."""
         out = []
         for e in self.entries:
             pats = e.match.get("scenario", ["*"])
+            backends = e.match.get("backend", ["*"])
+            if backend is not None and not any(fnmatch.fnmatchcase(backend, b) for b in backends):
+                continue
             if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number]:
                 out.append(e)
         return out

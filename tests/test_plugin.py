@@ -139,3 +139,11 @@ def test_xdist_runs_groups_on_workers(tmp_path, tiny):
     df = pd.read_parquet(next((reports / "history").glob("*.parquet")))
     assert set(df[df["check"] == "case"]["case_outcome"]) == {"passed"}
     assert len(df[df["check"] == "case"]) == 2
+
+
+def test_world_size_selects_one_shard(tmp_path, tiny):
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "--collect-only", "-q", "--world-size", "4")
+    assert rc == 0, out
+    assert "tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]" in out
+    assert "1/4 tests collected (3 deselected)" in out
