@@ -93,6 +93,10 @@ def pytest_configure(config):
     config.pluginmanager.register(hs, "harness-session")
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(p) for p in hs.paths.values()]
+    elif not any(hs.covered_by(a) for a in config.args):
+        # explicit paths that hold no selected scenario (or an option value pytest took for a
+        # path): run the scenarios as well
+        config.args = list(config.args) + [str(p) for p in hs.paths.values()]
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(hs), "harness-xdist")
         if config.getoption("dist", "no") == "load":
@@ -233,6 +237,9 @@ class HarnessSession:
         for n, s in specs.items():
             if timeout:
                 s.timeout_s = timeout
+            if "all" in names and n not in names and not s.supports(self.backend):
+                del self.paths[n]  # --scenario all: scenarios written for other backends
+                continue
             self.cases[n] = expand(s, self.backend)
             for mark in s.marks:
                 config.addinivalue_line("markers", f"{mark}: scenario mark (see {s.path.name})")
@@ -277,6 +284,12 @@ class HarnessSession:
                 raise ScenarioError(f"--scenario {n}: no scenarios/{n}.yaml in "
                                     f"{self.scenario_dir}; available: {', '.join(available) or 'none'}")
         return out
+
+    def covered_by(self, arg: str) -> bool:
+        """Does command-line path ``arg`` (maybe ``file::node``) include a selected scenario?"""
+        target = Path(str(arg).split("::")[0]).resolve()
+        return any(p.resolve() == target or target in p.resolve().parents
+                   for p in self.paths.values())
 
     def owns(self, path: Path) -> bool:
         return any(Path(path).resolve() == p.resolve() for p in self.paths.values())

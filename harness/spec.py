@@ -75,6 +75,15 @@ class ScenarioSpec:
     timeout_s: float
     marks: dict = field(default_factory=dict)  # pytest mark -> selections of cases it applies to
 
+    def supports(self, backend: str) -> bool:
+        """Whether every axis has values ``backend`` can run."""
+        try:
+            for axis in self.axes:
+                self.axis_values(axis, backend)
+        except ScenarioError:
+            return False
+        return True
+
     def axis_values(self, axis: str, backend: str) -> list[str]:
         """Values of ``axis`` for ``backend``; ScenarioError if the scenario has none for it."""
         values = self.axes[axis]

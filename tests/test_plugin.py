@@ -147,3 +147,12 @@ def test_world_size_selects_one_shard(tmp_path, tiny):
     assert rc == 0, out
     assert "tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]" in out
     assert "1/4 tests collected (3 deselected)" in out
+
+
+def test_unrelated_path_args_still_run_the_scenario(tmp_path, tiny):
+    other = tmp_path / "unrelated"
+    other.mkdir()
+    rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
+                         "--collect-only", "-q", str(other))
+    assert rc == 0, out
+    assert "4 tests collected" in out

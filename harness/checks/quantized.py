@@ -18,6 +18,7 @@ weights_only_load
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import torch
@@ -38,9 +39,19 @@ def _prefixed(d: dict, name: str) -> dict:
     return {f"{name}#{k}": v for k, v in d.items()}
 
 
-def _fsdp_modules(model):
+@contextlib.contextmanager
+def unsharded(model):
+    """All FSDP2 units of ``model`` unsharded (explicit ``unshard()``, as outside forward);
+    yields the unsharded parameters by name, reshards on exit."""
     from torch.distributed.fsdp import FSDPModule
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.unshard()
+    try:
+        yield dict(model.named_parameters())
+    finally:
+        for m in units:
+            m.reshard()
 
 
 def quantized_allgather_parity(run, rec) -> None:
@@ -58,14 +69,10 @@ def quantized_allgather_parity(run, rec) -> None:
         shards[name] = dict(parts=type(local).full_parts(p), dequantized=full(p),
                             master=full(master) if whole else None,
                             quantizer=local._quantizer, codec=local._codec)
-    units = _fsdp_modules(model)
-    for m in units:
-        m.unshard()
-    try:
-        unsharded = dict(model.named_parameters())
-        gathered_raw, manual_raw, gathered_deq, manual_deq, violations = {}, {}, {}, {}, []
+    gathered_raw, manual_raw, gathered_deq, manual_deq, violations = {}, {}, {}, {}, []
+    with unsharded(model) as params_now:
         for name, _ in params:
-            u = unsharded[name]
+            u = params_now[name]
             u_local = u._local_tensor if isinstance(u, DTensor) else u
             if not hasattr(u_local, "full_parts"):
                 violations.append(f"{name}: unsharded parameter is a plain {u_local.dtype} tensor "
@@ -82,9 +89,6 @@ def quantized_allgather_parity(run, rec) -> None:
                                         name))
             gathered_deq[name] = full(u)
             manual_deq[name] = shards[name]["dequantized"]
-    finally:
-        for m in units:
-            m.reshard()
     rec.flag("quantized_allgather_parity", "quantized_unshard", not violations,
              "; ".join(violations) or "every unsharded weight is quantized")
     if violations:

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from .. import tolerances
 from ..worker.run import full, raw_buffers
-from .quantized import _fsdp_modules
+from .quantized import unsharded
 
 
 def _local(t):
@@ -39,22 +39,15 @@ def quantized_allgather_parity(run, rec) -> None:
     if not params:
         return
     manual = {n: full(p) for n, p in params}  # each shard dequantized with its own scale
-    units = _fsdp_modules(run.model)
-    for m in units:
-        m.unshard()
-    try:
-        unsharded = dict(run.model.named_parameters())
-        gathered, bad = {}, []
+    gathered, bad = {}, []
+    with unsharded(run.model) as params_now:
         for n, _ in params:
-            u = unsharded[n]
+            u = params_now[n]
             if not _te_quantized(u):
                 bad.append(f"{n}: unsharded parameter is a plain {_local(u).dtype} tensor: FSDP2 "
                            f"gathered dequantized values")
                 continue
             gathered[n] = full(u)
-    finally:
-        for m in units:
-            m.reshard()
     rec.flag("quantized_allgather_parity", "quantized_unshard", not bad,
              "; ".join(bad) or "every unsharded weight is quantized")
     if gathered:

@@ -135,6 +135,10 @@ def _vec(n):
     return lambda d: (getattr(d, n),)
 
 
+_NORM = {"layer_norm_weight": ("layer_norm.weight", "replicate", _vec("hidden")),
+         "layer_norm_bias": ("layer_norm.bias", "replicate", _vec("hidden"))}
+
+
 class Linear(TEModule):
     PARAMS = {"weight": ("proj.weight", "column", lambda d: (d.out_features, d.hidden)),
               "bias": ("proj.bias", "column", _vec("out_features"))}
@@ -146,9 +150,7 @@ class Linear(TEModule):
 
 
 class LayerNormLinear(TEModule):
-    PARAMS = {"layer_norm_weight": ("layer_norm.weight", "replicate", _vec("hidden")),
-              "layer_norm_bias": ("layer_norm.bias", "replicate", _vec("hidden")),
-              **Linear.PARAMS}
+    PARAMS = {**_NORM, **Linear.PARAMS}
     GEMMS = Linear.GEMMS
 
     def forward(self, x):
@@ -157,8 +159,7 @@ class LayerNormLinear(TEModule):
 
 
 class LayerNormMLP(TEModule):
-    PARAMS = {"layer_norm_weight": ("layer_norm.weight", "replicate", _vec("hidden")),
-              "layer_norm_bias": ("layer_norm.bias", "replicate", _vec("hidden")),
+    PARAMS = {**_NORM,
               "fc1_weight": ("fc1.weight", "column", lambda d: (d.ffn, d.hidden)),
               "fc1_bias": ("fc1.bias", "column", _vec("ffn")),
               "fc2_weight": ("fc2.weight", "row", lambda d: (d.hidden, d.ffn)),
@@ -172,8 +173,7 @@ class LayerNormMLP(TEModule):
 
 
 class MultiheadAttention(TEModule):
-    PARAMS = {"layer_norm_weight": ("layer_norm.weight", "replicate", _vec("hidden")),
-              "layer_norm_bias": ("layer_norm.bias", "replicate", _vec("hidden")),
+    PARAMS = {**_NORM,
               "query_weight": ("q.weight", "column", lambda d: (d.hidden, d.hidden)),
               "query_bias": ("q.bias", "column", _vec("hidden")),
               "key_weight": ("k.weight", "column", lambda d: (d.hidden, d.hidden)),

@@ -323,11 +323,8 @@ def full_parts(t) -> dict:
                        for a in vals)
             out[k] = (vals[0] if same else torch.stack(vals)).detach().cpu().clone()
             continue
-        shape = local._codec.part_shape(k, t.shape)
-        stride = torch.empty(shape, device="meta").stride()
-        d = DTensor.from_local(v, t.device_mesh, t.placements, shape=torch.Size(shape),
-                               stride=stride, run_check=False)
-        out[k] = d.full_tensor().detach().cpu().clone()
+        from ..worker.run import gather
+        out[k] = gather(t, v, local._codec.part_shape(k, t.shape))
     return out
 
 

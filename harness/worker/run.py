@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..mesh import MeshSpec
 from . import data
@@ -52,13 +53,26 @@ def full(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor on every rank (collective for DTensors); quantized -> dequantized."""
     if isinstance(t, DTensor):
         local = t._local_tensor
-        if _quantized(local):
-            t = DTensor.from_local(local.dequantize(), t.device_mesh, t.placements, shape=t.shape,
-                                   stride=t.stride(), run_check=False)
-        t = t.full_tensor()
-    elif _quantized(t):
+        return gather(t, local.dequantize() if _quantized(local) else local)
+    if _quantized(t):
         t = t.dequantize()
     return t.detach().cpu().clone()
+
+
+def gather(d: DTensor, local: torch.Tensor, shape=None) -> torch.Tensor:
+    """Assemble a DTensor's global tensor (of ``shape``, default ``d.shape``) from every rank's
+    ``local`` piece, placed at the offsets DTensor (and DCP) assign to it -- Shard,
+    _StridedShard, Replicate alike. Object collectives over the default group (gloo on CPU):
+    the harness's own gathers stay off the functional-collective path under test."""
+    shape = tuple(d.shape if shape is None else shape)
+    sizes, offsets = compute_local_shape_and_global_offset(shape, d.device_mesh, d.placements)
+    piece = (tuple(offsets), tuple(sizes), local.detach().cpu())
+    pieces = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, piece)
+    out = torch.zeros(shape, dtype=local.dtype)
+    for offs, szs, loc in pieces:
+        out[tuple(slice(o, o + n) for o, n in zip(offs, szs))] = loc.reshape(szs)
+    return out
 
 
 def _quantized(t) -> bool:
