@@ -49,6 +49,8 @@ CHECKS = {
     "optimizer_state_placement": "every optimizer state is a DTensor with its param's mesh and "
     "placements",
     "weights_only_load": "torch.load(weights_only=True) of a torch.save'd quantized state",
+    "safetensors_export": "the FP32 safetensors export (master weights, else params) reloads "
+    "bitwise, is all fp32 and equals its sources",
 }
 DEFAULT_CHECKS = ("fp32_parity", "dcp_roundtrip", "async_equivalence", "reshard")
 

@@ -46,7 +46,7 @@ class ReferenceBackend(TorchBackend):
 
     def checks(self, case) -> dict:
         from ..checks import quantized
-        return quantized.CHECKS
+        return {**super().checks(case), **quantized.CHECKS}
 
 
 BACKEND = ReferenceBackend()

@@ -45,8 +45,10 @@ class TorchBackend:
 
     def checks(self, case) -> dict:
         """Checks beyond the phases' own: name -> callable(run, recorder)."""
+        from ..checks.export import safetensors_export
         from ..checks.quantized import optimizer_state_placement
-        return {"optimizer_state_placement": optimizer_state_placement}
+        return {"optimizer_state_placement": optimizer_state_placement,
+                "safetensors_export": safetensors_export}
 
 
 BACKEND = TorchBackend()

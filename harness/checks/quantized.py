@@ -125,7 +125,8 @@ def _whole_tensor_q(s) -> dict:
 
 
 def optimizer_state_placement(run, rec) -> None:
-    bad, checked = [], 0
+    """Also: every moment / master tensor is fp32 (TE's FusedAdam tests check the dtypes)."""
+    bad, checked, dtypes = [], 0, []
     names = {p: n for n, p in run.model.named_parameters()}
     for p, st in run.optim.state.items():
         if not isinstance(p, DTensor):
@@ -134,6 +135,8 @@ def optimizer_state_placement(run, rec) -> None:
             if not isinstance(v, torch.Tensor) or v.dim() == 0:
                 continue  # step counters are replicated scalars
             checked += 1
+            if v.dtype != torch.float32:
+                dtypes.append(f"{names.get(p)}.{key}: {v.dtype}")
             if not isinstance(v, DTensor):
                 bad.append(f"{names.get(p)}.{key}: plain tensor {tuple(v.shape)} for a DTensor "
                            f"param {tuple(p.shape)} {p.placements}")
@@ -141,6 +144,8 @@ def optimizer_state_placement(run, rec) -> None:
                 bad.append(f"{names.get(p)}.{key}: {v.placements} != param {p.placements}")
     rec.flag("optimizer_state_placement", "dtensor_states", not bad and checked > 0,
              "; ".join(bad[:4]) or f"{checked} state tensors match their params' placements")
+    rec.flag("optimizer_state_placement", "fp32_states", not dtypes,
+             "; ".join(dtypes[:4]) or f"{checked} state tensors are fp32")
 
 
 def weights_only_load(run, rec) -> None:

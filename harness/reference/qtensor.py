@@ -305,29 +305,30 @@ def local_of(t):
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def full_parts(t) -> dict:
-    """The raw parts of a (DTensor of a) QuantizedTensor at full size, on every rank (collective
-    for DTensors). Per-tensor scalars (a scale, NVFP4's global scale) come back as one value
-    when every rank holds the same one, else as the per-rank vector -- so shards quantized with
-    different scales show up in any comparison."""
-    import torch.distributed as dist
-    if not isinstance(t, DTensor):
-        return {k: v.detach().cpu().clone() for k, v in t._parts.items()}
-    local = t._local_tensor
-    out = {}
+def add_parts(local, g, key: str, t) -> None:
+    """Queue the raw parts of ``t`` (a DTensor whose local tensor is ``local``) on gatherer
+    ``g`` under ``key#part``: sharded parts to full size, per-tensor scalars (a scale, NVFP4's
+    global scale) as one value when every rank holds the same one, else the per-rank vector --
+    so shards quantized with different scales show up in any comparison."""
     for k, v in sorted(local._parts.items()):
         if local._codec.factors[k] is None:
-            vals = [torch.empty_like(v) for _ in range(dist.get_world_size())]
-            dist.all_gather(vals, v.contiguous())
-            same = all(torch.equal(a.view(-1).view(torch.uint8), vals[0].view(-1).view(torch.uint8))
-                       for a in vals)
-            out[k] = (vals[0] if same else torch.stack(vals)).detach().cpu().clone()
-            continue
-        from ..worker.run import gather
-        out[k] = gather(t, v, local._codec.part_shape(k, t.shape))
-    return out
+            g.add_scalar(f"{key}#{k}", v)
+        else:
+            g.add(f"{key}#{k}", t, v, local._codec.part_shape(k, t.shape))
 
 
+def full_parts(t) -> dict:
+    """The raw parts of a (DTensor of a) QuantizedTensor at full size, on every rank
+    (collective for DTensors)."""
+    from ..worker.gather import Gather
+    if not isinstance(t, DTensor):
+        return {k: v.detach().cpu().clone() for k, v in t._parts.items()}
+    g = Gather()
+    add_parts(t._local_tensor, g, "t", t)
+    return {k[2:]: v for k, v in g.run().items()}
+
+
+QuantizedTensor.add_parts = add_parts
 QuantizedTensor.full_parts = staticmethod(full_parts)
 
 

@@ -8,10 +8,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..mesh import MeshSpec
 from . import data
+from .gather import Gather
 
 
 LOCAL = "local."  # marks rank-local raw buffers: comparable only on the same mesh and rank
@@ -21,58 +21,52 @@ def mesh_independent(state: dict) -> dict:
     return {k: v for k, v in state.items() if f"#{LOCAL}" not in k}
 
 
-def flatten(tree, prefix: str = "") -> dict:
-    """{"model": {"fc1.weight": t}, "optim": {"state": {...}}} -> {"model.fc1.weight": t, ...};
-    tensors are detached CPU copies, other leaves kept as they are."""
-    out = {}
+def _leaves(tree, prefix: str = ""):
     if isinstance(tree, dict):
         for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}{k}."))
+            yield from _leaves(v, f"{prefix}{k}.")
     elif isinstance(tree, (list, tuple)):
         for i, v in enumerate(tree):
-            out.update(flatten(v, f"{prefix}{i}."))
-    elif isinstance(tree, torch.Tensor):
-        local = tree._local_tensor if isinstance(tree, DTensor) else tree
-        key = prefix[:-1]
-        if hasattr(local, "full_parts"):  # reference: raw bytes + scales, gathered
-            for k, v in local.full_parts(tree).items():
-                out[f"{key}#{k}"] = v
-            out[f"{key}#codec"] = local._codec.name
-        elif _quantized(local):  # TE: values (gathered) + this rank's raw buffers
-            out[f"{key}#dequantized"] = full(tree)
-            for k, v in raw_buffers(local).items():
-                out[f"{key}#{LOCAL}{k}"] = v
-        else:
-            out[key] = full(tree)
+            yield from _leaves(v, f"{prefix}{i}.")
     else:
-        out[prefix[:-1]] = tree
+        yield prefix[:-1], tree
+
+
+def flatten(tree, raw: bool = True) -> dict:
+    """{"model": {"fc1.weight": t}, "optim": {"state": {...}}} -> {"model.fc1.weight": t, ...}
+    with whole CPU tensors (DTensors gathered: one collective for the whole tree) and other
+    leaves as they are. ``raw``: quantized tensors as their raw parts -- the reference's
+    gathered to full size, TE's as this rank's buffers (``#local.``) plus the values -- else
+    as dequantized values."""
+    out, g = {}, Gather()
+    for key, v in _leaves(tree):
+        if not isinstance(v, torch.Tensor):
+            out[key] = v
+            continue
+        local = v._local_tensor if isinstance(v, DTensor) else v
+        if raw and hasattr(local, "full_parts"):  # reference: raw bytes + scales
+            if isinstance(v, DTensor):
+                local.add_parts(g, key, v)
+            else:
+                out.update({f"{key}#{k}": p for k, p in local.full_parts(v).items()})
+            out[f"{key}#codec"] = local._codec.name
+            continue
+        if raw and _quantized(local):  # TE: values + this rank's raw buffers
+            for k, b in raw_buffers(local).items():
+                out[f"{key}#{LOCAL}{k}"] = b
+            key = f"{key}#dequantized"
+        values = local.dequantize() if _quantized(local) else local
+        if isinstance(v, DTensor):
+            g.add(key, v, values)
+        else:
+            out[key] = values.detach().cpu().clone()
+    out.update(g.run())
     return out
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor on every rank (collective for DTensors); quantized -> dequantized."""
-    if isinstance(t, DTensor):
-        local = t._local_tensor
-        return gather(t, local.dequantize() if _quantized(local) else local)
-    if _quantized(t):
-        t = t.dequantize()
-    return t.detach().cpu().clone()
-
-
-def gather(d: DTensor, local: torch.Tensor, shape=None) -> torch.Tensor:
-    """Assemble a DTensor's global tensor (of ``shape``, default ``d.shape``) from every rank's
-    ``local`` piece, placed at the offsets DTensor (and DCP) assign to it -- Shard,
-    _StridedShard, Replicate alike. Object collectives over the default group (gloo on CPU):
-    the harness's own gathers stay off the functional-collective path under test."""
-    shape = tuple(d.shape if shape is None else shape)
-    sizes, offsets = compute_local_shape_and_global_offset(shape, d.device_mesh, d.placements)
-    piece = (tuple(offsets), tuple(sizes), local.detach().cpu())
-    pieces = [None] * dist.get_world_size()
-    dist.all_gather_object(pieces, piece)
-    out = torch.zeros(shape, dtype=local.dtype)
-    for offs, szs, loc in pieces:
-        out[tuple(slice(o, o + n) for o, n in zip(offs, szs))] = loc.reshape(szs)
-    return out
+    return flatten({"t": t}, raw=False)["t"]
 
 
 def _quantized(t) -> bool:
@@ -117,8 +111,8 @@ class Run:
             out = self.model(x)
         loss = mse(out, y)
         loss.backward()
-        grads = self._canonical({n: full(p.grad) for n, p in self.model.named_parameters()}) \
-            if capture_grads else None
+        grads = self._canonical(flatten({n: p.grad for n, p in self.model.named_parameters()},
+                                        raw=False)) if capture_grads else None
         self.optim.step()
         self.optim.zero_grad(set_to_none=True)
         total = loss.detach().clone()
@@ -127,7 +121,7 @@ class Run:
 
     def full_params(self) -> dict[str, torch.Tensor]:
         """Parameter values (dequantized), under the canonical (plain-torch module) names."""
-        return self._canonical({n: full(p) for n, p in self.model.named_parameters()})
+        return self._canonical(flatten(dict(self.model.named_parameters()), raw=False))
 
     def _canonical(self, d: dict) -> dict:
         names = self.backend.canonical_names(self.model)
