@@ -59,8 +59,6 @@ CORE_AXES = ("recipe", "mesh", "module", "dcp", "reshard")
 RESHARD_NONE = "none"
 RESHARD_PREFIX = "to_"
 
-FIXES_AXIS = "fixes"  # reference backend: 'all' or 'no_<fix>' (harness/reference/fixes)
-
 # Fault injections, for the harness's negative controls only (tests/). Each makes one check
 # fail or one case hang; the worker implements them in worker/faults.py.
 FAULTS = {

@@ -14,7 +14,6 @@ xdist_group so a group's cases run on one xdist worker.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -126,12 +125,3 @@ class Scheduler:
             if r.launch:
                 res.launches.append(r.launch)
         return res
-
-
-def plan_summary(cases: list[Case]) -> dict[int, int]:
-    """world size -> number of tasks of that size (for --collect-only style overviews)."""
-    out: dict[int, int] = defaultdict(int)
-    for c in cases:
-        for w in c.world_sizes:
-            out[w] += 1
-    return dict(out)

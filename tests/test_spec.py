@@ -1,7 +1,6 @@
 """Scenario validation: every bad input gives a message naming the file, the field and what is
 allowed."""
 
-import textwrap
 
 import pytest
 import yaml

@@ -21,7 +21,6 @@ import contextlib
 import functools
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from .. import catalog
 from .torch_backend import TorchBackend
@@ -43,15 +42,6 @@ def _import():
         return te, transformer_engine.__version__, None
     except Exception as e:  # noqa: BLE001 - any import failure is a skip reason
         return None, None, f"{type(e).__name__}: {e}"
-
-
-def _local(t):
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
-def is_te_quantized(t) -> bool:
-    local = _local(t)
-    return type(local).__module__.startswith("transformer_engine") and hasattr(local, "dequantize")
 
 
 class TEBackend(TorchBackend):

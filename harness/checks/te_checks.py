@@ -19,7 +19,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .. import tolerances
-from ..worker.run import full, raw_buffers
+from ..worker.run import full, is_quantized, raw_buffers
 from .quantized import unsharded
 
 
@@ -27,13 +27,8 @@ def _local(t):
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def _te_quantized(t) -> bool:
-    local = _local(t)
-    return type(local) is not torch.Tensor and hasattr(local, "get_metadata")
-
-
 def quantized_allgather_parity(run, rec) -> None:
-    params = [(n, p) for n, p in run.model.named_parameters() if _te_quantized(p)]
+    params = [(n, p) for n, p in run.model.named_parameters() if is_quantized(_local(p))]
     rec.flag("quantized_allgather_parity", "has_quantized_params", bool(params),
              f"{len(params)} quantized parameters")
     if not params:
@@ -43,7 +38,7 @@ def quantized_allgather_parity(run, rec) -> None:
     with unsharded(run.model) as params_now:
         for n, _ in params:
             u = params_now[n]
-            if not _te_quantized(u):
+            if not is_quantized(_local(u)):
                 bad.append(f"{n}: unsharded parameter is a plain {_local(u).dtype} tensor: FSDP2 "
                            f"gathered dequantized values")
                 continue
@@ -56,7 +51,8 @@ def quantized_allgather_parity(run, rec) -> None:
 
 
 def weights_only_load(run, rec) -> None:
-    saved = {n: _local(p).detach() for n, p in run.model.named_parameters() if _te_quantized(p)}
+    saved = {n: _local(p).detach() for n, p in run.model.named_parameters()
+             if is_quantized(_local(p))}
     buf = io.BytesIO()
     torch.save(saved, buf)
     buf.seek(0)

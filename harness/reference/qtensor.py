@@ -295,16 +295,6 @@ def _fallback(func, args, kwargs):
     return out
 
 
-# --- whole-tensor views used by checks -----------------------------------------------------
-def is_quantized(t) -> bool:
-    local = t._local_tensor if isinstance(t, DTensor) else t
-    return isinstance(local, QuantizedTensor)
-
-
-def local_of(t):
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
 def add_parts(local, g, key: str, t) -> None:
     """Queue the raw parts of ``t`` (a DTensor whose local tensor is ``local``) on gatherer
     ``g`` under ``key#part``: sharded parts to full size, per-tensor scalars (a scale, NVFP4's

@@ -6,7 +6,6 @@ import io
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
@@ -93,6 +92,3 @@ def is_complete(path: Path) -> bool:
     """DCP writes .metadata last: a checkpoint without it is not finished."""
     return (Path(path) / ".metadata").is_file()
 
-
-def barrier(group=None):
-    dist.barrier(group=group)

@@ -51,11 +51,11 @@ def flatten(tree, raw: bool = True) -> dict:
                 out.update({f"{key}#{k}": p for k, p in local.full_parts(v).items()})
             out[f"{key}#codec"] = local._codec.name
             continue
-        if raw and _quantized(local):  # TE: values + this rank's raw buffers
+        if raw and is_quantized(local):  # TE: values + this rank's raw buffers
             for k, b in raw_buffers(local).items():
                 out[f"{key}#{LOCAL}{k}"] = b
             key = f"{key}#dequantized"
-        values = local.dequantize() if _quantized(local) else local
+        values = local.dequantize() if is_quantized(local) else local
         if isinstance(v, DTensor):
             g.add(key, v, values)
         else:
@@ -69,7 +69,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return flatten({"t": t}, raw=False)["t"]
 
 
-def _quantized(t) -> bool:
+def is_quantized(t) -> bool:
     """A quantized tensor subclass (the reference's or TransformerEngine's)."""
     return type(t) is not torch.Tensor and hasattr(t, "dequantize") and \
         (hasattr(t, "full_parts") or hasattr(t, "get_metadata"))

@@ -25,13 +25,6 @@ FIXES = {
     "amax_reduction_group": ("TE #2974", "current-scaling and NVFP4 amax "
                              "reduced over the weight's shard group"),
 }
-LINKS = {
-    "TE #2245": "https://github.com/NVIDIA/TransformerEngine/pull/2245",
-    "TE #2713": "https://github.com/NVIDIA/TransformerEngine/pull/2713",
-    "TE #2795": "https://github.com/NVIDIA/TransformerEngine/pull/2795",
-    "TE #2974": "https://github.com/NVIDIA/TransformerEngine/pull/2974",
-}
-
 _off: set[str] = set()
 _listeners = []  # called after configure() (e.g. to (un)register safe globals)
 
