@@ -3,6 +3,8 @@
     python -m harness report  [--history DIR] [--out FILE]     # self-contained HTML report
     python -m harness drift   [--history DIR] [--fail-on-drift] # tolerance drift, for CI
     python -m harness goldens [--history DIR] [--goldens DIR] [--update-goldens]
+    python -m harness calibrate [--run] [--history DIR]         # measured errors -> tolerances
+    python -m harness bench --label NAME -- PYTEST_ARGS        # where the time goes
 
 Scenarios themselves run under pytest: ``pytest --scenario NAME``. To add a subcommand, put its
 logic under ``harness/`` and append a :class:`harness.report.cli.Command` to ``COMMANDS``.
@@ -13,9 +15,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import bench
+from .calibration import command as calibration_command
 from .report import cli
 
-COMMANDS: list[cli.Command] = [*cli.COMMANDS]
+COMMANDS: list[cli.Command] = [
+    *cli.COMMANDS,
+    cli.Command("calibrate", "regenerate harness/calibration/measured.csv (the measured errors "
+                "tolerances are derived from) from calibration runs",
+                calibration_command.add_arguments, calibration_command.run),
+    cli.Command("bench", "run pytest on scenarios and show where the time goes: launch "
+                "phases, seconds per producer and check, checked cases per GPU-minute",
+                bench.add_arguments, bench.run),
+]
 
 
 def main(argv: list[str] | None = None) -> int:

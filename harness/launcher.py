@@ -11,23 +11,34 @@ bounded:
 * a launch that never starts a task within ``startup_timeout_s`` fails every task with the
   torchrun log, rather than looping.
 
+However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, :meth:`Launcher.stop`),
+every process it started is killed before the next one starts: torchrun, its ranks (each in a
+session of its own), their async DCP stager processes and simulated nodes all carry the launch's
+tag in their environment and are found through ``/proc`` (harness/procs.py), wherever they were
+reparented; the record says how many were killed and lists any survivor. torchrun is tethered to
+this process and each rank to torchrun (``PR_SET_PDEATHSIG``), so a killed pytest takes its
+launches with it. On GPU the launch's processes must also release their GPU memory (bounded
+wait, ``nvidia-smi``; harness/gpu.py) before the next launch starts.
+
 No shell is involved: the command is an argv list.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .matrix import Case
+from . import gpu, launch_dir, procs
+from .interrupt import Interrupted, deferred
+from .tasks import LaunchRecord, Task, TaskResult
+
+__all__ = ["Launcher", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
 
 # Kept in every launched environment (GPU hosts are shared: NVLink multicast can take them
 # down for everyone; see DEVELOPERS.md / the device tool's KINDS.md).
@@ -38,59 +49,25 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 POLL_S = 0.2
 STACK_GRACE_S = 3.0
-LOG_TAIL = 6000
-
-
-@dataclass
-class Task:
-    name: str  # unique: "<case key>.<phase>"
-    case: Case
-    phase: str  # "train" | "reshard"
-    ckpt_dir: Path
-
-    @property
-    def world_size(self) -> int:
-        return self.case.world_sizes[0 if self.phase == "train" else 1]
-
-    def to_json(self) -> dict:
-        return dict(name=self.name, case=self.case.to_json(), phase=self.phase,
-                    ckpt_dir=str(self.ckpt_dir))
-
-
-@dataclass
-class TaskResult:
-    name: str
-    status: str  # "ok" (ran; rows say pass/fail) | "error" | "timeout" | "crash"
-    rows: list[dict] = field(default_factory=list)
-    errors: dict = field(default_factory=dict)  # rank -> traceback
-    seconds: float = 0.0
-    stacks: str = ""
-    logs: dict = field(default_factory=dict)  # rank -> log of this task
-    launch: str = ""
-    started: float = 0.0
-    ended: float = 0.0
-
-
-@dataclass
-class LaunchRecord:
-    name: str
-    world_size: int
-    tasks: int
-    wall_s: float
-    overhead_s: float  # start-up before the first task + shut-down after the last
-    returncode: int | None
-    timed_out: bool
-    gpus: str = ""  # CUDA_VISIBLE_DEVICES of the launch
+KILL_WAIT_S = 15.0  # bounded wait for a launch's killed processes to be gone
+GPU_RELEASE_S = 30.0  # bounded wait for their GPU memory to be free again
+STOP_JOIN_S = 60.0  # bounded wait for GPU-slot threads after a stop
 
 
 class Launcher:
+    """Runs batches of tasks, each batch spread over the GPU slots, each slot's share re-launched
+    after a timeout or crash until every task has a result. One launch is a :class:`Launch`."""
+
     def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                 node_launcher: list[str] | None = None):
+                 node_launcher: list[str] | None = None, launches_per_gpu: int = 1):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
+        # GPU oversubscription: each GPU slice takes this many launches at once (the cases are
+        # tiny; one launch leaves a GPU mostly idle). Bounded by --launches-per-gpu.
+        self.launches_per_gpu = max(1, int(launches_per_gpu))
         # Multi-node: the world is split over `nnodes` torchrun agents meeting at a c10d
         # rendezvous. With `node_launcher` (e.g. ["srun", "--nodes=2", "--ntasks-per-node=1"])
         # one command starts an agent per node; without it the agents run on this host
@@ -105,16 +82,25 @@ class Launcher:
         self.records: list[LaunchRecord] = []
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.salvaged: dict[str, TaskResult] = {}  # tasks finished by launches cut short
+        self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
+
+    def stop(self) -> None:
+        """Make every running launch end now (its processes killed) and no new one start."""
+        self._stop.set()
 
     # ------------------------------------------------------------------------------------
     def slots(self, world_size: int) -> list[dict]:
-        """GPU slot packing: with G visible GPUs, G // world_size launches run at once, each on
-        its own CUDA_VISIBLE_DEVICES slice. One slot (no env) on CPU."""
+        """GPU slot packing: with G visible GPUs, G // world_size slices of world_size GPUs,
+        each taking ``launches_per_gpu`` launches at once (on its own CUDA_VISIBLE_DEVICES).
+        One slot (no env) on CPU."""
         if self.device != "cuda" or not self.gpus:
             return [{}]
-        n = len(self.gpus) // world_size
-        return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus[i * world_size:(i + 1) * world_size])}
-                for i in range(max(n, 1))]
+        n = max(len(self.gpus) // world_size, 1)
+        slices = [",".join(self.gpus[i * world_size:(i + 1) * world_size]) for i in range(n)]
+        return [{"CUDA_VISIBLE_DEVICES": sl} for _ in range(self.launches_per_gpu)
+                for sl in slices]
 
     def run_batch(self, tasks: list[Task], world_size: int, env: dict | None = None) -> dict:
         """Run ``tasks`` (all of ``world_size``), spread over the GPU slots; re-launch after a
@@ -143,8 +129,14 @@ class Launcher:
         threads = [threading.Thread(target=work, args=job, daemon=True) for job in jobs]
         for th in threads:
             th.start()
-        for th in threads:
-            th.join()
+        try:
+            for th in threads:
+                th.join()
+        except BaseException:  # Ctrl-C in the main thread: stop the slots' launches too
+            self.stop()
+            for th in threads:
+                th.join(timeout=STOP_JOIN_S)
+            raise
         if errors:
             raise errors[0]
         return results
@@ -153,15 +145,16 @@ class Launcher:
         results: dict[str, TaskResult] = {}
         remaining = list(tasks)
         while remaining:
-            got = self._launch(remaining, world_size, env)
+            if self._stop.is_set():
+                raise Interrupted("the run is being stopped")
+            got = Launch(self, remaining, world_size, env).run()
             if not got:  # cannot happen by construction; never loop forever
                 raise RuntimeError("launch produced no result")
             results.update(got)
             remaining = [t for t in remaining if t.name not in results]
         return results
 
-    # ------------------------------------------------------------------------------------
-    def _new_dir(self) -> tuple[str, Path]:
+    def new_dir(self) -> tuple[str, Path]:
         with self._lock:
             name = f"L{next(self._counter):03d}"
         d = self.root / name
@@ -173,12 +166,15 @@ class Launcher:
         """The argv lists to start for one launch (no shell)."""
         worker = ["--max-restarts=0", "--monitor-interval=0.5", "-m", "harness.worker",
                   "--plan", str(plan_path)]
-        torchrun = [self.python, "-m", "torch.distributed.run"]
+        # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
+        # parent on the remote nodes: no --parent there)
+        parent = [] if self.node_launcher else ["--parent", str(os.getpid())]
+        torchrun = [self.python, "-m", "harness.tethered", *parent, "torch.distributed.run"]
         if self.nnodes == 1:
             return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
         if world_size % self.nnodes:
             raise ValueError(f"world size {world_size} does not split over {self.nnodes} nodes")
-        endpoint = self.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+        endpoint = self.rdzv_endpoint or f"127.0.0.1:{procs.free_port()}"
         agent = torchrun + [f"--nnodes={self.nnodes}",
                             f"--nproc-per-node={world_size // self.nnodes}",
                             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
@@ -187,188 +183,144 @@ class Launcher:
             return [self.node_launcher + agent]
         return [agent for _ in range(self.nnodes)]
 
-    def _launch(self, tasks: list[Task], world_size: int, env: dict) -> dict[str, TaskResult]:
-        name, d = self._new_dir()
-        case_timeout = max(t.case.timeout_s for t in tasks)
-        plan = dict(dir=str(d), backend=self.backend, device=self.device,
-                    collective_timeout_s=min(self.collective_timeout_s, case_timeout / 2),
-                    control_timeout_s=case_timeout, health_timeout_s=15.0,
-                    tasks=[t.to_json() for t in tasks])
-        plan_path = d / "plan.json"
-        plan_path.write_text(json.dumps(plan, indent=1))
-        full_env = {**os.environ, **self.extra_env, **env, **SAFE_ENV}
+    def add_record(self, rec: LaunchRecord) -> None:
+        with self._lock:
+            self.records.append(rec)
+        for cb in self.on_record:
+            cb(rec)
+
+
+class Launch:
+    """One torchrun launch of ``tasks``: start the agents, watch for a hung task, end every
+    process of the launch, read the results, record the launch."""
+
+    def __init__(self, launcher: Launcher, tasks: list[Task], world_size: int, env: dict):
+        self.l, self.tasks, self.world_size, self.env = launcher, tasks, world_size, env
+        self.name, self.d = launcher.new_dir()
+        self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
+                                               launcher.collective_timeout_s)
+        self.tag = procs.new_tag(self.name)
+        self.by_name = {t.name: t for t in tasks}
+        self.agents: list[subprocess.Popen] = []
+
+    def _env(self) -> dict:
+        full = {**os.environ, **self.l.extra_env, **self.env, **SAFE_ENV, procs.TAG_VAR: self.tag}
         repo = str(Path(__file__).resolve().parent.parent)
-        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, full_env.get("PYTHONPATH")) if p)
+        # the harness, then the directory pytest runs in (on the pytest process's sys.path with
+        # ``python -m pytest``): a model factory importable there is importable in the workers
+        full["PYTHONPATH"] = os.pathsep.join(
+            p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
+        return full
+
+    def run(self) -> dict[str, TaskResult]:
         start = time.time()
-        procs = []
-        with open(d / "torchrun.log", "w") as out:
-            for argv in self.commands(plan_path, world_size, name):
-                procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                              env=full_env, start_new_session=True, cwd=str(d)))
-        by_name = {t.name: t for t in tasks}
-        hung, timed_out = None, False
+        hung, timed_out, stopped = None, False, False
         try:
-            while None in (states := [p.poll() for p in procs]):
-                if any(rc not in (None, 0) for rc in states):
-                    break  # one agent failed: the others would wait for it forever
-                time.sleep(POLL_S)
-                current = self._current(d)
-                if current is None:
-                    if not _results(d) and time.time() - start > self.startup_timeout_s:
-                        timed_out = True
-                        break
-                    continue
-                task_name, t0, pids = current
-                task = by_name.get(task_name)
-                if task and time.time() - t0 > task.case.timeout_s:
-                    hung, timed_out = task_name, True
-                    _signal_all(pids, signal.SIGUSR1)  # faulthandler stack dump
-                    time.sleep(STACK_GRACE_S)
-                    break
+            env = self._env()
+            with open(self.d / "torchrun.log", "w") as out:
+                for argv in self.l.commands(self.plan_path, self.world_size, self.name):
+                    self.agents.append(subprocess.Popen(
+                        argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                        start_new_session=True, cwd=str(self.d)))
+            hung, timed_out = self._watch(start)
+        except BaseException:  # Ctrl-C / SIGTERM / stop(): record the launch, then re-raise
+            stopped = True
+            raise
         finally:
-            for p in procs:
-                _kill_group(p, gentle=bool(self.node_launcher))
+            with deferred():  # a second Ctrl-C must not cut the clean-up short
+                cleanup = self._end_processes()
+                if stopped:  # keep the tasks that finished before the stop
+                    done = launch_dir.collect(self.d, self.name, self.by_name)
+                    with self.l._lock:
+                        self.l.salvaged.update(done)
+                    self._record(start, time.time(), False, cleanup, done, interrupted=True)
         end = time.time()
-        results = self._collect(d, name, by_name)
-        returncode = next((p.returncode for p in procs if p.returncode), procs[0].returncode)
+        results = self._results(start, end, hung, timed_out)
+        self._record(start, end, timed_out, cleanup, results)
+        return results
+
+    def _watch(self, start: float) -> tuple[str | None, bool]:
+        """Poll until the agents exit, a task runs past its timeout (its stacks are dumped
+        first), or nothing starts within ``startup_timeout_s``. Returns (hung task, timed out).
+        Raises :class:`Interrupted` when the launcher was stopped."""
+        while None in (states := [p.poll() for p in self.agents]):
+            if any(rc not in (None, 0) for rc in states):
+                break  # one agent failed: the others would wait for it forever
+            if self.l._stop.is_set():
+                raise Interrupted("the run is being stopped")
+            time.sleep(POLL_S)
+            current = launch_dir.current(self.d)
+            if current is None:
+                if not launch_dir.results(self.d) and \
+                        time.time() - start > self.l.startup_timeout_s:
+                    return None, True
+                continue
+            task_name, t0, pids = current
+            task = self.by_name.get(task_name)
+            if task and time.time() - t0 > task.case.timeout_s:
+                procs.signal_all(pids, signal.SIGUSR1)  # faulthandler stack dump
+                time.sleep(STACK_GRACE_S)
+                return task_name, True
+        return None, False
+
+    def _end_processes(self) -> dict:
+        """Kill every process of the launch and wait until they are gone (bounded); on GPU,
+        wait until they released their GPU memory. Returns what the launch record keeps."""
+        for p in self.agents:  # srun first gets a SIGTERM to forward to the remote nodes
+            if self.l.node_launcher:
+                procs.terminate_gently(p)
+        # the ranks this launch's progress files name (pids checked against the plan: a stale
+        # pid may belong to someone else by now) and everything below the agents
+        ranks = [pid for pid in launch_dir.progress_pids(self.d)
+                 if str(self.plan_path) in procs.cmdline(pid)]
+        extra = set(ranks) | procs.descendants([p.pid for p in self.agents])
+        for p in self.agents:
+            procs.kill_group(p)
+        killed, leaked = procs.kill_tagged(self.tag, extra, timeout_s=KILL_WAIT_S)
+        for p in self.agents:
+            procs.reap(p)
+        held = []
+        if self.l.device == "cuda":
+            held = gpu.wait_released(set(killed) | extra | {p.pid for p in self.agents},
+                                     timeout_s=GPU_RELEASE_S)
+        return dict(killed=len(killed), leaked=leaked, gpu_held=held)
+
+    def _results(self, start, end, hung, timed_out) -> dict:
+        """Each task's result: from the ranks' result files, else timeout / crash."""
+        d, name = self.d, self.name
+        results = launch_dir.collect(d, name, self.by_name)
+        returncode = procs.returncode(self.agents)
         if hung is not None:
             results[hung] = TaskResult(
                 name=hung, status="timeout", launch=name, seconds=end - start,
-                errors={-1: f"timed out after {by_name[hung].case.timeout_s:.0f}s "
+                errors={-1: f"timed out after {self.by_name[hung].case.timeout_s:.0f}s "
                             f"(case timeout_s); ranks' Python stacks below"},
-                stacks=_read_stacks(d), logs=_task_logs(d, hung))
-        elif len(results) < len(tasks):
-            current = self._current(d)
+                stacks=launch_dir.read_stacks(d), logs=launch_dir.task_logs(d, hung))
+        elif len(results) < len(self.by_name):
+            current = launch_dir.current(d)
             started = current[0] if current else None
+            log = launch_dir.tail(d / "torchrun.log")
             if started is not None:
                 results[started] = TaskResult(
                     name=started, status="crash", launch=name, seconds=end - start,
                     errors={-1: f"the launch died while this task ran (torchrun exit status "
-                                f"{returncode}); per-rank logs below\n{_tail(d / 'torchrun.log')}"},
-                    logs=_task_logs(d, started))
+                                f"{returncode}); per-rank logs below\n{log}"},
+                    logs=launch_dir.task_logs(d, started))
             elif not results:
-                why = "did not start a task within %.0fs" % self.startup_timeout_s if timed_out \
-                    else f"exited with status {returncode} before any task started"
-                for t in tasks:
+                why = "did not start a task within %.0fs" % self.l.startup_timeout_s \
+                    if timed_out else f"exited with status {returncode} before any task started"
+                for t in self.by_name.values():
                     results[t.name] = TaskResult(
                         name=t.name, status="crash", launch=name,
-                        errors={-1: f"torchrun {why}\n{_tail(d / 'torchrun.log')}"},
-                        logs=_all_logs(d))
+                        errors={-1: f"torchrun {why}\n{log}"}, logs=launch_dir.all_logs(d))
+        return results
+
+    def _record(self, start, end, timed_out, cleanup, results, interrupted=False) -> None:
         starts = [r.started for r in results.values() if r.started]
         ends = [r.ended for r in results.values() if r.ended]
         overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
-        with self._lock:
-            self.records.append(LaunchRecord(name, world_size, len(results), end - start,
-                                             overhead, returncode, timed_out,
-                                             env.get("CUDA_VISIBLE_DEVICES", "")))
-        return results
-
-    # ------------------------------------------------------------------------------------
-    @staticmethod
-    def _current(d: Path):
-        """(task, start time, pids) of the task the ranks are running, or None."""
-        progress = []
-        for p in (d / "progress").glob("rank*.json"):
-            try:
-                progress.append(json.loads(p.read_text()))
-            except (OSError, json.JSONDecodeError):
-                continue
-        done = {p.stem for p in (d / "results").glob("*.json")}
-        running = [p for p in progress if p.get("task") and p["task"] not in done]
-        if not running:
-            return None
-        first = min(running, key=lambda p: p["t"])
-        return first["task"], first["t"], [p["pid"] for p in progress if p.get("pid")]
-
-    @staticmethod
-    def _collect(d: Path, launch: str, by_name: dict) -> dict[str, TaskResult]:
-        out = {}
-        for name, r in _results(d).items():
-            if name not in by_name:
-                continue
-            errors = {int(k): v for k, v in r["errors"].items()}
-            out[name] = TaskResult(name=name, status="error" if errors else "ok", rows=r["rows"],
-                                   errors=errors, seconds=r["seconds"], launch=launch,
-                                   logs=_task_logs(d, name) if errors else {},
-                                   started=r.get("started", 0.0), ended=r.get("ended", 0.0))
-        return out
-
-
-def _results(d: Path) -> dict:
-    out = {}
-    for p in (d / "results").glob("*.json"):
-        try:
-            out[p.stem] = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-    return out
-
-
-def _signal_all(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill_group(proc: subprocess.Popen, gentle: bool = False) -> None:
-    """Kill torchrun, its workers and anything they spawned (async DCP helpers). ``gentle``:
-    SIGTERM first (srun forwards it to the remote nodes; SIGKILL would orphan them)."""
-    if gentle and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL'd processes reap quickly
-        pass
-
-
-def _tail(path: Path, n: int = LOG_TAIL) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-n:]
-
-
-def _read_stacks(d: Path) -> str:
-    parts = []
-    for p in sorted((d / "stacks").glob("rank*.txt")):
-        text = p.read_text(errors="replace").strip()
-        if text:
-            parts.append(f"--- {p.stem} ---\n{text[-LOG_TAIL:]}")
-    return "\n".join(parts)
-
-
-def _task_logs(d: Path, task: str) -> dict:
-    """Each rank's log lines between this task's start and end markers."""
-    out = {}
-    start, end = f"=== task {task} start", f"=== task {task} end"
-    for p in sorted((d / "logs").glob("rank*.log")):
-        text = p.read_text(errors="replace")
-        i = text.rfind(start)
-        if i < 0:
-            continue
-        j = text.find(end, i)
-        section = text[i:] if j < 0 else text[i:j + len(end)]
-        out[int(p.stem[4:])] = section[-LOG_TAIL:]
-    return out
-
-
-def _all_logs(d: Path) -> dict:
-    return {int(p.stem[4:]): _tail(p) for p in sorted((d / "logs").glob("rank*.log"))}
+        self.l.add_record(LaunchRecord(
+            self.name, self.world_size, len(results), end - start, overhead,
+            procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
+            interrupted=interrupted, phases=launch_dir.phases(self.d, start, end, starts, ends),
+            started=start, ended=end, **cleanup))

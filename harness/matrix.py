@@ -10,6 +10,7 @@ Both use glob values.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 from dataclasses import asdict, dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from . import catalog
 from .mesh import MeshSpec, parse_mesh
+from .models import ModelRef
 from .spec import ModelDims, ScenarioError, ScenarioSpec, TrainSpec
 
 
@@ -31,6 +33,10 @@ class Case:
     tolerances: dict = field(hash=False, compare=False, default_factory=dict)
     timeout_s: float = 180.0
     marks: tuple[str, ...] = ()
+    # producer -> workaround name, from the case's xfail entries (set by the plugin)
+    workarounds: tuple[tuple[str, str], ...] = field(default=(), hash=False, compare=False)
+    # the factory the module axis value names (harness/models.py); None for built-in modules
+    model_ref: ModelRef | None = None
 
     @property
     def ax(self) -> dict[str, str]:
@@ -55,6 +61,13 @@ class Case:
         return (self.mesh.world_size,) + ((t.world_size,) if t else ())
 
     @property
+    def task(self) -> str:
+        """What the module is trained on (catalog.TASKS): inputs, targets, loss."""
+        if self.model_ref is not None:
+            return self.model_ref.task
+        return catalog.MODULE_TASKS[self.ax["module"]]
+
+    @property
     def label(self) -> str:
         return "-".join(v for _, v in self.axes)
 
@@ -70,14 +83,18 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         return dict(scenario=self.scenario, backend=self.backend, axes=[list(a) for a in self.axes],
                     model=asdict(self.model), train=asdict(self.train), checks=list(self.checks),
-                    tolerances=self.tolerances, timeout_s=self.timeout_s, marks=list(self.marks))
+                    tolerances=self.tolerances, timeout_s=self.timeout_s, marks=list(self.marks),
+                    workarounds=[list(w) for w in self.workarounds],
+                    model_ref=self.model_ref.to_json() if self.model_ref else None)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Case":
         return cls(scenario=d["scenario"], backend=d["backend"],
                    axes=tuple(tuple(a) for a in d["axes"]), model=ModelDims(**d["model"]),
                    train=TrainSpec(**d["train"]), checks=tuple(d["checks"]),
-                   tolerances=d["tolerances"], timeout_s=d["timeout_s"], marks=tuple(d["marks"]))
+                   tolerances=d["tolerances"], timeout_s=d["timeout_s"], marks=tuple(d["marks"]),
+                   workarounds=tuple(tuple(w) for w in d.get("workarounds", ())),
+                   model_ref=ModelRef.from_json(d.get("model_ref")))
 
 
 def _matches(axes: dict[str, str], rules: list[dict[str, list[str]]]) -> bool:
@@ -104,16 +121,25 @@ def expand(spec: ScenarioSpec, backend: str = catalog.DEFAULT_BACKEND) -> list[C
             continue
         model = next((dims for sel, dims in spec.model_overrides if _matches(coords, [sel])),
                      spec.model)
+        ref = spec.models.get(axes["module"])
         for axis in ("mesh", "reshard"):
             v = axes[axis]
             if v != catalog.RESHARD_NONE:
                 target = v[len(catalog.RESHARD_PREFIX):] if axis == "reshard" else v
                 model.check_mesh(parse_mesh(target), f"axes.{axis} '{v}'", spec.path)
+                if ref is not None and ref.tp_plan is None and parse_mesh(target).tp > 1:
+                    raise ScenarioError(f"{spec.path}: axes.{axis} '{v}': model "
+                                        f"'{ref.name}' ({ref.origin}) has no tp_plan; a TP "
+                                        f"mesh needs one")
         checks = tuple(c for c in spec.checks if catalog.check_applies(c, axes))
+        train = spec.train  # axis 'seed' (calibration): the case's seed for init and data
+        if "seed" in axes:
+            train = dataclasses.replace(train, seed=int(axes["seed"]))
         marks = tuple(m for m, rules in spec.marks.items() if _matches(coords, rules))
         cases.append(Case(scenario=spec.name, backend=backend, axes=tuple(axes.items()),
-                          model=model, train=spec.train, checks=checks,
-                          tolerances=spec.tolerances, timeout_s=spec.timeout_s, marks=marks))
+                          model=model, train=train, checks=checks,
+                          tolerances=spec.tolerances, timeout_s=spec.timeout_s, marks=marks,
+                          model_ref=ref))
     if not cases:
         raise ScenarioError(f"{spec.path}: cases/exclude: the rules leave no case of the matrix "
                             f"for backend {backend}")

@@ -9,38 +9,37 @@ Running: the first item that needs a result makes the :class:`Scheduler` launch 
 task of that world size at once (see scheduler.py); each item then reads its own result.
 Rows travel on the test report (``report.harness``), so with xdist the controller gets them too;
 at session end they are written to ``reports/`` and summarized in the terminal.
+
+This module holds the hooks; :class:`HarnessSession` connects the parts, each in its module:
+``selection`` (scenarios -> cases), ``environment`` (device, versions, GPUs), ``registry_match``
+(xfail entries per case), ``execution`` (work dir, launcher, scheduler), ``failure_text``
+(failure text, repro), ``run_record`` (outcomes, reports, terminal summary) and ``items`` (the
+pytest nodes).
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-import sys
-import tempfile
 import time
-import warnings
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from . import catalog, registry, results
-from .launcher import Launcher
-from .matrix import Case, expand
-from .checks.record import FAILED
-from .scheduler import CaseResult, Scheduler
-from .spec import ScenarioError, load_scenario, scenario_paths
+from . import catalog, interrupt, options, registry, results
+from .environment import RunEnvironment
+from .execution import Execution, scope_of
+from .failure_text import FailureFormatter, one_line
+from .items import STASH, CaseFailed, CaseItem, ScenarioFile, XfailMismatch, coverage_rows
+from .matrix import Case
+from .registry_match import RegistryMatch
+from .run_record import RunRecord, switched_cases
+from .scheduler import CaseResult
+from .selection import ScenarioSelection, of_world_size, project_root
+from .spec import ScenarioError
 
-STASH = pytest.StashKey["HarnessSession"]()
-
-
-class CaseFailed(AssertionError):
-    """A case's checks failed or its tasks errored (the exception xfail entries expect)."""
-
-
-class XfailMismatch(Exception):
-    """An xfail-registered case failed, but not the way its entry says it should."""
+# moved to their own modules; importable from here as before
+__all__ = ["CaseFailed", "CaseItem", "HarnessSession", "STASH", "ScenarioFile",
+           "XfailMismatch", "coverage_rows", "switched_cases"]
+_one_line = one_line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,9 +49,10 @@ def pytest_addoption(parser):
                 help="run scenario NAME (scenarios/NAME.yaml or a path); repeatable; 'all'")
     g.addoption("--scenario-dir", default=None, metavar="DIR",
                 help="where scenario files live (default: ./scenarios, else <rootdir>/scenarios)")
-    g.addoption("--backend", default=catalog.DEFAULT_BACKEND, choices=catalog.BACKENDS,
+    g.addoption("--backend", default=None, choices=catalog.BACKENDS,
                 help="torch (plain PyTorch), reference (our TE-style quantized modules) or te "
-                     "(TransformerEngine, GPU)")
+                     "(TransformerEngine, GPU); default: torch, or the one backend the "
+                     "selected scenarios' axes name")
     g.addoption("--device", default="auto", choices=("auto", "cpu", "cuda"),
                 help="cpu (gloo) or cuda (NCCL); auto = cuda for --backend te, else cpu")
     g.addoption("--max-world-size", type=int, default=None, metavar="N",
@@ -70,6 +70,9 @@ def pytest_addoption(parser):
                 help="where checkpoints go (default: a temporary dir; multi-node: shared storage)")
     g.addoption("--world-size", type=int, default=None, metavar="N",
                 help="only cases whose largest world size is N (shard a nightly run by GPUs)")
+    g.addoption("--launches-per-gpu", type=int, default=None, metavar="N",
+                help="on cuda, run N launches at once on each GPU slice (the cases are small; "
+                     "default 3); 1 = one launch per GPU slice")
     g.addoption("--nnodes", type=int, default=1, metavar="N",
                 help="split each launch over N torchrun agents (c10d rendezvous); without "
                      "--node-launcher they run on this host as simulated nodes")
@@ -85,27 +88,35 @@ def pytest_configure(config):
     names = config.getoption("scenario")
     if not names:
         return
+    options.validate(config)  # one-line UsageErrors, before anything runs
     try:
         hs = HarnessSession(config, names)
     except (ScenarioError, registry.RegistryError, ValueError) as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[STASH] = hs
     config.pluginmanager.register(hs, "harness-session")
+    hs.sigterm_handler = interrupt.install()  # SIGTERM stops the run like Ctrl-C
     if config.args_source != pytest.Config.ArgsSource.ARGS:
-        config.args = [str(p) for p in hs.paths.values()]
-    elif not any(hs.covered_by(a) for a in config.args):
+        config.args = [str(p) for p in hs.selection.paths.values()]
+    elif not any(hs.selection.covered_by(a) for a in config.args):
         # explicit paths that hold no selected scenario (or an option value pytest took for a
         # path): run the scenarios as well
-        config.args = list(config.args) + [str(p) for p in hs.paths.values()]
+        config.args = list(config.args) + [str(p) for p in hs.selection.paths.values()]
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(hs), "harness-xdist")
         if config.getoption("dist", "no") == "load":
             config.option.dist = "loadgroup"  # a scope's cases must share one worker
 
 
+def pytest_unconfigure(config):
+    hs = config.stash.get(STASH, None)
+    if hs is not None:
+        interrupt.uninstall(hs.sigterm_handler)
+
+
 def pytest_collect_file(file_path: Path, parent):
     hs = parent.config.stash.get(STASH, None)
-    if hs is not None and file_path.suffix == ".yaml" and hs.owns(file_path):
+    if hs is not None and file_path.suffix == ".yaml" and hs.selection.owns(file_path):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
 
@@ -127,393 +138,153 @@ class _XdistHooks:
     def pytest_configure_node(self, node):
         node.workerinput["harness_run_id"] = self.hs.run_id
 
-
-# ---------------------------------------------------------------------------------------------
-class ScenarioFile(pytest.File):
-    def collect(self):
-        hs = self.config.stash[STASH]
-        for case in hs.cases[self.path.stem]:
-            yield CaseItem.from_parent(self, name=case.id, case=case)
-
-
-class CaseItem(pytest.Item):
-    def __init__(self, *, case: Case, **kw):
-        super().__init__(**kw)
-        self.case = case
-        self.result: CaseResult | None = None
-        self.entry: registry.Entry | None = None
-        self.skip_reason = ""
-        self.add_marker("harness_case")
-        for m in case.marks:  # scenario 'marks' (e.g. ci: the representative slice)
-            self.add_marker(m)
-
-    @property
-    def hs(self) -> "HarnessSession":
-        return self.config.stash[STASH]
-
-    def runtest(self):
-        self.result = res = self.hs.scheduler.result(self.case)
-        if res.passed:
-            return
-        text = self.hs.failure_text(self, res)
-        if self.entry is not None and not self.entry.explains(
-                text, {r["check"] for r in res.failed_rows} | ({"case"} if res.status != "ok" else set())):
-            raise XfailMismatch(f"{self.entry.label} expects "
-                                f"{self.entry.fails_check or 'any check'} to fail"
-                                f"{' with /' + self.entry.fails_message + '/' if self.entry.fails_message else ''}"
-                                f", but the case failed differently:\n{text}")
-        raise CaseFailed(text)
-
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (CaseFailed, XfailMismatch)):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
-
-    def reportinfo(self):
-        return self.path, 0, self.name
-
-    def info(self) -> dict:
-        res, hs = self.result, self.hs
-        out = dict(run_id=hs.run_id, case_id=self.case.id, case_key=self.case.key,
-                   scenario=self.case.scenario, backend=self.case.backend, device=hs.device,
-                   axes=[list(a) for a in self.case.axes], repro=hs.repro(self),
-                   skip_reason=self.skip_reason, xfail_entry=self.entry.number if self.entry else None,
-                   xfail_reason=self.entry.reason if self.entry else "")
-        if res is not None:
-            out.update(status=res.status, seconds=res.seconds, rows=res.rows,
-                       launches=res.launches, summary=_one_line(res))
-        out["launch_records"] = hs.pop_launch_records()
-        return out
-
-
-def fix_table(collected: dict) -> list[dict]:
-    """One row per switched-off fix: the checks that failed without it, and the outcomes of the
-    fix-off case and of the same coordinates with every fix on."""
-    by_coords, rows = {}, []
-    for cid, (outcome, info) in collected.items():
-        ax = dict(info["axes"])
-        if "fixes" in ax:
-            key = (info["scenario"], tuple((k, v) for k, v in ax.items() if k != "fixes"))
-            by_coords.setdefault(key, {})[ax["fixes"]] = (outcome, info)
-    for key, variants in by_coords.items():
-        on = variants.get("all", ("-", None))[0]
-        for fixes, (outcome, info) in sorted(variants.items()):
-            if not fixes.startswith("no_"):
-                continue
-            failed = sorted({r["check"] for r in info.get("rows", []) if r["outcome"] in FAILED})
-            rows.append(dict(fix=fixes[3:], caught_by=", ".join(failed), off=outcome, on=on,
-                             case=info["case_id"]))
-    return sorted(rows, key=lambda r: r["fix"])
-
-
-def _one_line(res: CaseResult) -> str:
-    if res.status != "ok":
-        return f"{res.status}: " + (res.errors[0].strip().splitlines()[-1] if res.errors else "")
-    bad = sorted({f"{r['check']}/{r['quantity']}" for r in res.failed_rows})
-    return ("failed: " + ", ".join(bad)) if bad else "all checks passed"
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self.hs.note_selected(ids)  # the controller learns which cases the run selected
 
 
 # ---------------------------------------------------------------------------------------------
 class HarnessSession:
-    """Everything the plugin holds for one pytest run (or one xdist worker)."""
+    """One pytest run (or one xdist worker): its parts, and the hooks that connect them.
+
+    ``selection`` (ScenarioSelection: scenarios, cases, backend), ``env`` (RunEnvironment:
+    device, versions, GPUs), ``xfails`` (RegistryMatch), ``failures`` (FailureFormatter),
+    ``record`` (RunRecord: outcomes, launch records, reports, terminal summary) and, once
+    collection found runnable cases, ``execution`` (work dir, launcher, scheduler).
+    """
 
     def __init__(self, config, names: list[str]):
         self.config = config
-        self.t0 = time.time()
-        # The project root: where pytest was started if it has scenarios/, else pytest's rootdir
-        # (an existing path given as an option value can move pytest's rootdir elsewhere).
+        t0 = time.time()
         here = Path(config.invocation_params.dir)
-        root = here if (here / "scenarios").is_dir() else Path(config.rootpath)
-        self.root = root
-        self.scenario_dir = Path(config.getoption("scenario_dir") or root / "scenarios")
-        self.names = names
-        self.paths = self._resolve(names)
-        self.backend = config.getoption("backend")
-        dev = config.getoption("device")
-        self.device = ("cuda" if self.backend == "te" else "cpu") if dev == "auto" else dev
-        specs = {n: load_scenario(p) for n, p in self.paths.items()}
-        timeout = config.getoption("case_timeout")
-        self.cases: dict[str, list[Case]] = {}
-        for n, s in specs.items():
-            if timeout:
-                s.timeout_s = timeout
-            if "all" in names and n not in names and not s.supports(self.backend):
-                del self.paths[n]  # --scenario all: scenarios written for other backends
-                continue
-            self.cases[n] = expand(s, self.backend)
-            for mark in s.marks:
-                config.addinivalue_line("markers", f"{mark}: scenario mark (see {s.path.name})")
-        known_axes = set().union(*(s.axes for s in specs.values()))
-        all_specs = []
-        for p in scenario_paths(self.scenario_dir).values():
-            try:
-                all_specs.append(load_scenario(p))
-            except ScenarioError:
-                continue  # a broken file elsewhere does not block this run; it fails its own
-        known_axes |= set().union(*(s.axes for s in all_specs)) if all_specs else set()
-        reg_path = Path(config.getoption("xfail_registry") or self.scenario_dir / "xfails.yaml")
-        self.registry = registry.load(reg_path, known_axes | {"fault"})
+        self.root = root = project_root(config)
+        self.selection = sel = ScenarioSelection(
+            Path(config.getoption("scenario_dir") or root / "scenarios"), names,
+            config.getoption("backend"), config.getoption("case_timeout"))
+        for mark, file_name in sel.marks:
+            config.addinivalue_line("markers", f"{mark}: scenario mark (see {file_name})")
+        self.env = RunEnvironment(sel.backend, config.getoption("device"),
+                                  config.getoption("max_world_size"))
+        self.backend, self.device = sel.backend, self.env.device
+        from . import models
+        for n, cases in sel.cases.items():  # factories of the scenario's own models
+            models.check_scenario(sel.specs[n], cases, self.env.backend_obj, self.backend,
+                                  self.device)
+        reg_path = Path(config.getoption("xfail_registry") or sel.scenario_dir / "xfails.yaml")
+        self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"}))
         winput = getattr(config, "workerinput", None)
         self.worker_id = winput["workerid"] if winput else None
-        self.run_id = winput.get("harness_run_id") if winput else None
-        self.run_id = self.run_id or results.new_run_id()
+        self.run_id = (winput.get("harness_run_id") if winput else None) or results.new_run_id()
         rd = config.getoption("report_dir")
-        self.report_dir = Path(rd) if rd else root / "reports"
-        self.write_reports = not config.getoption("no_report")
-        self.scheduler: Scheduler | None = None
-        self.launcher: Launcher | None = None
-        self.collected: dict[str, tuple[str, dict]] = {}  # case id -> (outcome, info)
-        self.launch_records: list[dict] = []
-        self._pending_records: list[dict] = []
-        self.written: dict[str, Path] = {}
-        self._backend_obj = None
-        self.env = None
+        # absolute: launches run with their own working directory
+        report_dir = (here / Path(rd).expanduser() if rd else root / "reports").resolve()
+        if not config.getoption("collectonly") and self.worker_id is None:
+            options.check_writable("--report-dir", report_dir)  # launches log there too
+            if config.getoption("work_dir"):
+                options.check_writable("--work-dir", Path(config.getoption("work_dir")))
+        self.record = RunRecord(t0, report_dir, not config.getoption("no_report"),
+                                self.worker_id)
+        self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
+                                         report_dir / "runs" / self.run_id / "launches")
+        self.execution: Execution | None = None
+        self.selected_items: dict[str, CaseItem] = {}  # case id -> item (this process)
+        self.selected_cases: dict[str, Case] = {}  # xdist controller: case id -> case
+        self.sigterm_handler = None
 
-    # --- set-up ---------------------------------------------------------------------------
-    def _resolve(self, names: list[str]) -> dict[str, Path]:
-        available = scenario_paths(self.scenario_dir)
-        out = {}
-        for n in names:
-            if n == "all":
-                out.update(available)
-            elif n in available:
-                out[n] = available[n]
-            elif Path(n).suffix == ".yaml" and Path(n).is_file():
-                out[Path(n).stem] = Path(n).resolve()
-            else:
-                raise ScenarioError(f"--scenario {n}: no scenarios/{n}.yaml in "
-                                    f"{self.scenario_dir}; available: {', '.join(available) or 'none'}")
-        return out
-
-    def covered_by(self, arg: str) -> bool:
-        """Does command-line path ``arg`` (maybe ``file::node``) include a selected scenario?"""
-        target = Path(str(arg).split("::")[0]).resolve()
-        return any(p.resolve() == target or target in p.resolve().parents
-                   for p in self.paths.values())
-
-    def owns(self, path: Path) -> bool:
-        return any(Path(path).resolve() == p.resolve() for p in self.paths.values())
-
+    # --- what items and interrupt.py ask for -----------------------------------------------
     @property
-    def backend_obj(self):
-        if self._backend_obj is None:
-            from . import backends
-            self._backend_obj = backends.get(self.backend)
-        return self._backend_obj
+    def scheduler(self):
+        return self.execution.scheduler if self.execution is not None else None
 
-    def environment(self) -> dict:
-        if self.env is None:
-            import torch
-            env = {"torch": torch.__version__.split("+")[0], "capability": None,
-                   "device": self.device}
-            if self.device == "cuda" and torch.cuda.is_available():
-                major, minor = torch.cuda.get_device_capability(0)
-                env["capability"] = f"{major}.{minor}"
-            env.update(self.backend_obj.versions())
-            self.env = env
-        return self.env
+    def repro(self, item) -> str:
+        return self.failures.repro(item)
 
-    def visible_gpus(self) -> list[str]:
-        """GPU ids launches may use: CUDA_VISIBLE_DEVICES if the caller set it, else all."""
-        if self.device != "cuda":
-            return []
-        import torch
-        if not torch.cuda.is_available():
-            return []
-        env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if env:
-            return [g.strip() for g in env.split(",") if g.strip()]
-        return [str(i) for i in range(torch.cuda.device_count())]
+    def failure_text(self, item, res: CaseResult) -> str:
+        return self.failures.text(item, res)
 
-    def max_world(self) -> int:
-        m = self.config.getoption("max_world_size")
-        if m:
-            return m
-        if self.device == "cuda":
-            import torch
-            return torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return 1 << 30
+    # --- collection -------------------------------------------------------------------------
+    def pytest_report_header(self, config) -> list[str]:
+        note = self.selection.backend_note
+        return [f"harness: {note}"] if note else []
 
     @pytest.hookimpl(trylast=True)  # after -k / -m deselection
     def pytest_collection_modifyitems(self, items) -> None:
         """Skip markers (world size, capability), strict xfails (registry), xdist groups."""
-        only = self.config.getoption("world_size")
-        if only:
-            keep, dropped = [], []
-            for i in items:
-                (keep if not isinstance(i, CaseItem) or max(i.case.world_sizes) == only
-                 else dropped).append(i)
-            if dropped:
-                self.config.hook.pytest_deselected(items=dropped)
-                items[:] = keep
-        env, max_world = self.environment(), self.max_world()
+        keep, dropped = of_world_size(items, self.config.getoption("world_size"))
+        if dropped:
+            self.config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+        env, max_world = self.env.describe(), self.env.max_world()
         xdist = self.worker_id is not None
         for item in items:
             if not isinstance(item, CaseItem):
                 continue
-            need = max(item.case.world_sizes)
-            reason = self.backend_obj.skip_reason(item.case, self.device)
-            if reason is None and need > max_world:
-                reason = (f"needs {need} ranks; --max-world-size / available "
-                          f"{'GPUs' if self.device == 'cuda' else 'ranks'}: {max_world}")
+            reason = self.env.skip_reason(item.case, max_world)
             if reason:
                 item.skip_reason = reason
                 item.add_marker(pytest.mark.skip(reason=reason))
                 continue
-            try:
-                entry = self.registry.match(item.case, self.device, env)
-            except registry.RegistryError as e:
-                raise pytest.UsageError(str(e)) from None
-            if entry is not None:
-                item.entry = entry
-                item.add_marker(pytest.mark.xfail(reason=entry.xfail_reason(), strict=True,
-                                                  raises=CaseFailed))
+            self.xfails.apply(item, self.device, env)
             if xdist:
-                item.add_marker(pytest.mark.xdist_group(self.scope_of(item.case)))
+                item.add_marker(pytest.mark.xdist_group(scope_of(item.case)))
 
-    @staticmethod
-    def scope_of(case: Case) -> str:
-        return "w" + "to".join(map(str, case.world_sizes))
+    def note_selected(self, nodeids) -> None:
+        """xdist controller: the selected cases, from a worker's collected node ids."""
+        by_id = self.selection.by_id()
+        for nid in nodeids:
+            case = by_id.get(str(nid).rsplit("::", 1)[-1])
+            if case is not None:
+                self.selected_cases[case.id] = case
 
     def pytest_collection_finish(self, session) -> None:
         items = [i for i in session.items if isinstance(i, CaseItem)]
+        self.selected_items = {i.case.id: i for i in items}
         if not items:
-            pytest.exit(f"--scenario {' '.join(self.names)} selected zero cases (backend "
-                        f"{self.backend}, after -k/-m selection): nothing would be checked",
-                        returncode=pytest.ExitCode.USAGE_ERROR)
+            pytest.exit(f"--scenario {' '.join(self.selection.names)} selected zero cases "
+                        f"(backend {self.backend}, after -k/-m selection): nothing would be "
+                        f"checked", returncode=pytest.ExitCode.USAGE_ERROR)
         runnable = [i.case for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
             return
-        base = self.report_dir / "runs" / self.run_id / "launches"
-        if self.worker_id:
-            base = base / self.worker_id
-        wd = self.config.getoption("work_dir")
-        if wd:
-            Path(wd).mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix=f"harness-{self.run_id}-", dir=wd))
-        launcher = self.config.getoption("node_launcher")
-        self.launcher = Launcher(base, self.backend, self.device, gpus=self.visible_gpus(),
-                                 nnodes=self.config.getoption("nnodes"),
-                                 rdzv_endpoint=self.config.getoption("rdzv_endpoint"),
-                                 node_launcher=shlex.split(launcher) if launcher else None)
-        xdist = self.worker_id is not None
-        self.scheduler = Scheduler(self.launcher, runnable, self.work / "ckpt",
-                                   scope_of=self.scope_of if xdist else (lambda c: "all"))
-        self.scheduler.on_launch.append(self._on_launch)
+        launches = self.record.report_dir / "runs" / self.run_id / "launches"
+        opt = self.config.getoption
+        self.execution = Execution(self.run_id, opt("work_dir"))
+        self.execution.start(
+            runnable, launches_dir=launches / self.worker_id if self.worker_id else launches,
+            backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
+            nnodes=opt("nnodes"), rdzv_endpoint=opt("rdzv_endpoint"),
+            node_launcher=opt("node_launcher"), per_scope=self.worker_id is not None,
+            on_launch=self.record.on_launch, launches_per_gpu=opt("launches_per_gpu") or 3)
 
-    def _on_launch(self, rec) -> None:
-        self._pending_records.append(dict(name=rec.name, worker=self.worker_id or "",
-                                          world_size=rec.world_size, tasks=rec.tasks,
-                                          wall_s=rec.wall_s, overhead_s=rec.overhead_s,
-                                          returncode=rec.returncode, timed_out=rec.timed_out,
-                                          gpus=rec.gpus))
-
-    def pop_launch_records(self) -> list[dict]:
-        out, self._pending_records = self._pending_records, []
-        return out
-
-    # --- reporting ------------------------------------------------------------------------
-    def repro(self, item) -> str:
-        args = ["pytest", "--scenario", item.case.scenario, "--backend", self.backend,
-                "--device", self.device, "-p", "no:randomly", "-k", item.case.id]
-        if self.scenario_dir.resolve() != (self.root / "scenarios").resolve():
-            args[3:3] = ["--scenario-dir", str(self.scenario_dir)]
-        return shlex.join(args)
-
-    def failure_text(self, item, res: CaseResult) -> str:
-        lines = [f"{item.case.id}: {_one_line(res)}"]
-        for r in res.failed_rows:
-            if r["metric"] in ("max_abs", "violations", "exception"):
-                lines.append(f"  [{r['phase']}] {r['check']}/{r['quantity']}: {r['detail']}")
-        for e in res.errors:
-            lines.append(e.rstrip())
-        if res.stacks:
-            lines.append("Python stacks of the hung ranks:\n" + res.stacks.rstrip())
-        if res.status != "ok":
-            for who, text in res.logs.items():
-                lines.append(f"--- log: {who} ---\n{text.rstrip()}")
-        lines.append(f"launches: {', '.join(res.launches) or '-'} under "
-                     f"{self.report_dir / 'runs' / self.run_id / 'launches'}")
-        lines.append(f"repro: {self.repro(item)}")
-        return "\n".join(lines)
-
+    # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:
-        info = getattr(report, "harness", None)
-        if info is None:
-            return
-        if report.when == "call":
-            if hasattr(report, "wasxfail"):
-                outcome = "xfailed" if report.skipped else "xpassed"
-            elif report.failed and "[XPASS(strict)]" in str(report.longrepr):
-                outcome = "xpassed"
-            else:
-                outcome = report.outcome
-        else:
-            outcome = "skipped"
-        self.collected[info["case_id"]] = (outcome, info)
-        self.launch_records += info.get("launch_records", [])
+        self.record.add_report(report)
 
     @pytest.hookimpl(tryfirst=True)  # before the terminal summary prints the paths
-    def pytest_sessionfinish(self) -> None:
-        if self.worker_id is not None:  # xdist workers: the controller writes the report
-            self._cleanup()
-            return
-        if self.collected and self.write_reports:
-            rows = [r for outcome, info in self.collected.values()
-                    for r in results.case_rows(info, outcome)]
-            meta = results.run_meta(self.root, self.device, self.backend, self.environment())
-            wall = time.time() - self.t0
-            overhead = sum(r["overhead_s"] for r in self.launch_records)
-            launch_wall = sum(r["wall_s"] for r in self.launch_records)
-            meta.update(run_id=self.run_id, scenarios=list(self.paths), wall_s=wall,
-                        launches=self.launch_records, launch_overhead_s=overhead,
-                        launch_wall_s=launch_wall, argv=sys.argv,
-                        registry=str(self.registry.path))
-            self.meta = meta
-            self.written = results.write_run(self.report_dir, self.run_id,
-                                             results.frame(rows, meta), meta)
-        ran = {info["scenario"] for o, info in self.collected.values() if o != "skipped"}
-        stale = self.registry.stale(ran, self.backend)
-        for e in stale:
-            if self.collected:
-                warnings.warn(pytest.PytestWarning(
-                    f"{e.label} matched no case of this run ({e.reason}); remove it if the "
-                    f"failure is gone for good"))
-        self._cleanup()
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        with interrupt.deferred():  # a second Ctrl-C must not cut the history write short
+            try:
+                if self.worker_id is None:  # xdist workers: the controller writes the report
+                    self._finish(exitstatus)
+            finally:
+                if self.execution is not None:
+                    self.execution.cleanup(self.config.getoption("keep_work"))
+        if self.record.report_error and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run's record is lost
 
-    def _cleanup(self) -> None:
-        work = getattr(self, "work", None)
-        if work is not None and not self.config.getoption("keep_work"):
-            shutil.rmtree(work, ignore_errors=True)
+    def _finish(self, exitstatus) -> None:
+        rec = self.record
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED  # Ctrl-C / SIGTERM
+        if interrupted:
+            rec.launch_records += rec.pop_launch_records()  # the interrupted launch's
+            for cid, outcome, info in interrupt.unfinished(self, rec.collected):
+                rec.collected[cid] = (outcome, info)
+        if rec.collected and rec.write_reports:
+            meta = results.run_meta(self.root, self.device, self.backend, self.env.describe())
+            rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
+        if interrupted or not rec.collected:
+            return
+        self.xfails.warn_stale(rec.collected, self.backend)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        tr = terminalreporter
-        if not self.collected or self.worker_id is not None:
-            return
-        tr.section("harness summary")
-        counts = Counter(o for o, _ in self.collected.values())
-        tr.write_line("outcomes: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in results.OUTCOMES))
-        ran = [(info.get("seconds", 0.0), cid) for cid, (o, info) in self.collected.items()
-               if o not in ("skipped",)]
-        for secs, cid in sorted(ran, reverse=True)[:5]:
-            tr.write_line(f"  slow: {secs:6.1f}s  {cid}")
-        wall = time.time() - self.t0
-        recs = self.launch_records
-        if recs:
-            overhead = sum(r["overhead_s"] for r in recs)
-            per_world = Counter(r["world_size"] for r in recs)
-            tr.write_line(f"torchrun launches: {len(recs)} ("
-                          + ", ".join(f"{n} x world {w}" for w, n in sorted(per_world.items()))
-                          + f"); launch overhead {overhead:.1f}s = "
-                            f"{100 * overhead / max(wall, 1e-9):.0f}% of {wall:.1f}s wall")
-        xf = [(cid, info) for cid, (o, info) in self.collected.items() if o == "xfailed"]
-        if xf:
-            tr.write_line(f"expected failures (xfail registry): {len(xf)}")
-        table = fix_table(self.collected)
-        if table:
-            tr.write_line("fix verification: fix -> check that caught it (fix off) -> outcomes")
-            for row in table:
-                tr.write_line(f"  {row['fix']:<24} caught by {row['caught_by'] or '-':<44} "
-                              f"off: {row['off']:<8} on: {row['on']}")
-        for k, p in self.written.items():
-            tr.write_line(f"{k}: {p}")
+        if self.record.collected and self.worker_id is None:
+            self.record.terminal_summary(terminalreporter, self.selection.backend_note)

@@ -2,21 +2,29 @@
 
 Each entry selects cases by scenario coordinates (axis values, lists or globs; plus
 ``scenario``, ``backend``, ``device``), optionally narrowed by installed versions and GPU
-compute capability, and says why it fails and where that is tracked::
+compute capability, names exactly how the cases fail, and says why and where that is tracked::
 
     entries:
       - match: {scenario: fix_verification, fixes: no_optimizer_dtensor_state}
         versions: {te: ">=2.0,<2.21"}        # PEP 440 specifiers, optional
         capability: ">=9.0,<10.0"            # CUDA compute capability, optional
-        fails: {check: reshard, message: "Size mismatch"}   # optional: how it must fail
+        fails:                               # one failure, or a list of them
+          - {check: optimizer_state_placement}
+          - {check: reshard_load, message: "Size mismatch .*exp_avg"}   # regex on the detail
+          - {check: dcp_roundtrip, quantity: state}
+        workaround: load_without_extra_state  # optional, see harness/workarounds.py
         reason: FusedAdam keeps optimizer states as plain tensors
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
 
-Matching cases still run and are marked ``xfail(strict=True)``: an unexpected pass fails with
-"remove xfail entry N". If ``fails`` is given, failing some other way is a real failure too.
-A case matched by two entries is an error (entries must not overlap), and an entry that matches
-no case of a scenario in the run is reported as stale. Capability gaps (a recipe the GPU
-cannot run) are skips decided by the backend, never entries here.
+``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
+``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
+(``harness/verdict.py``): an entry explains only the failures it names; any other failure of
+the case fails it, naming the entry and what is unexplained. Several entries may apply to one
+case when they name different checks, different quantities of one check, or one check with
+different messages (two that would explain the same failing row are an error). Strictness: a
+named check that ran and passed, or a case that passed, is an XPASS failure ("remove entry N").
+Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
+recipe the GPU cannot run) are skips decided by the backend, never entries here.
 """
 
 from __future__ import annotations
@@ -33,11 +41,40 @@ from packaging.version import InvalidVersion, Version
 from .matrix import Case
 
 CASE_KEYS = ("scenario", "backend", "device")
-ENTRY_KEYS = {"match", "versions", "capability", "fails", "reason", "link", "device"}
+ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link"}
+FAILURE_KEYS = {"check", "quantity", "message"}
 
 
 class RegistryError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure an entry names: a unit (check / producer / case), optionally one quantity
+    of it and a regex searched in the failing row's detail."""
+    check: str
+    quantity: str | None = None
+    message: str | None = None
+
+    def explains(self, row: dict) -> bool:
+        return (row["check"] == self.check
+                and (self.quantity is None or row["quantity"] == self.quantity)
+                and (self.message is None or re.search(self.message, row.get("detail", ""))
+                     is not None))
+
+    def overlaps(self, other: "Failure") -> bool:
+        """Would one failing row be explained by both? Same check, quantities not disjoint, and
+        not told apart by two different messages."""
+        return (self.check == other.check
+                and (self.quantity is None or other.quantity is None
+                     or self.quantity == other.quantity)
+                and (self.message is None or other.message is None
+                     or self.message == other.message))
+
+    def __str__(self) -> str:
+        s = self.check + (f"/{self.quantity}" if self.quantity else "")
+        return s + (f" /{self.message}/" if self.message else "")
 
 
 @dataclass
@@ -46,21 +83,25 @@ class Entry:
     line: int
     match: dict[str, list[str]]
     reason: str
+    fails: tuple[Failure, ...]
     link: str = ""
     versions: dict[str, SpecifierSet] = field(default_factory=dict)
     capability: SpecifierSet | None = None
-    fails_check: str | None = None
-    fails_message: str | None = None  # regex searched in the failure text
+    workaround: str | None = None
 
     @property
     def label(self) -> str:
         return f"xfail entry {self.number} (xfails.yaml line {self.line})"
 
     def xfail_reason(self) -> str:
-        s = f"{self.label}: {self.reason}"
+        s = f"{self.label}: {', '.join(map(str, self.fails))} fails: {self.reason}"
         if self.link:
             s += f" [{self.link}]"
         return s + f" -- if this passes, remove xfail entry {self.number}"
+
+    @property
+    def checks(self) -> set[str]:
+        return {f.check for f in self.fails}
 
     def selects(self, coords: dict[str, str]) -> bool:
         for key, pats in self.match.items():
@@ -85,12 +126,8 @@ class Entry:
                 return False
         return True
 
-    def explains(self, failure_text: str, failed_checks: set[str]) -> bool:
-        if self.fails_check and self.fails_check not in failed_checks:
-            return False
-        if self.fails_message and not re.search(self.fails_message, failure_text):
-            return False
-        return True
+    def explains(self, row: dict) -> bool:
+        return any(f.explains(row) for f in self.fails)
 
 
 def coords(case: Case, device: str) -> dict[str, str]:
@@ -103,16 +140,21 @@ class Registry:
         self.path = path
         self.hits: dict[int, list[str]] = {e.number: [] for e in entries}
 
-    def match(self, case: Case, device: str, env: dict) -> Entry | None:
+    def match(self, case: Case, device: str, env: dict) -> list[Entry]:
+        """The entries that apply to ``case`` here; RegistryError when two name one check."""
         c = coords(case, device)
         found = [e for e in self.entries if e.selects(c) and e.applies(env)]
-        if len(found) > 1:
-            raise RegistryError(f"{self.path}: {case.id} matches "
-                                f"{' and '.join(e.label for e in found)}; entries must not overlap")
-        if found:
-            self.hits[found[0].number].append(case.id)
-            return found[0]
-        return None
+        for i, a in enumerate(found):
+            for b in found[i + 1:]:
+                both = sorted({str(f) for f in a.fails for g in b.fails if f.overlaps(g)})
+                if both:
+                    raise RegistryError(
+                        f"{self.path}: {case.id} matches {a.label} and {b.label}, which both "
+                        f"name {', '.join(both)}; entries that apply to one case must name "
+                        f"different checks (or different quantities of one check)")
+        for e in found:
+            self.hits[e.number].append(case.id)
+        return found
 
     def stale(self, scenarios: set[str], backend: str | None = None) -> list[Entry]:
         """Entries for the scenarios (and backend) this run ran cases of that matched none."""
@@ -155,6 +197,12 @@ def load(path: str | Path, known_axes: set[str]) -> Registry:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise RegistryError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{path}: must be a mapping with one key, 'entries' (a list), got "
+                            f"a {type(raw).__name__}")
+    if set(raw) - {"entries"}:
+        raise RegistryError(f"{path}: unknown top-level key {sorted(set(raw) - {'entries'})[0]!r};"
+                            f" the file holds 'entries'")
     items = raw.get("entries") or []
     if not isinstance(items, list):
         raise RegistryError(f"{path}: entries: must be a list")
@@ -183,18 +231,58 @@ def load(path: str | Path, known_axes: set[str]) -> Registry:
         versions = {k: _spec(path, f"{where}.versions.{k}", v)
                     for k, v in (item.get("versions") or {}).items()}
         cap = item.get("capability")
-        fails = item.get("fails") or {}
-        if set(fails) - {"check", "message"}:
-            raise RegistryError(f"{path}: {where}.fails: allowed keys are check, message")
-        if fails.get("message"):
-            try:
-                re.compile(fails["message"])
-            except re.error as e:
-                raise RegistryError(f"{path}: {where}.fails.message: bad regex: {e}") from None
+        fails = _failures(path, f"{where}.fails", item.get("fails"))
+        workaround = item.get("workaround")
+        if workaround is not None:
+            _check_workaround(path, f"{where}.workaround", workaround, fails)
         entries.append(Entry(
             number=n, line=lines[n - 1] if n - 1 < len(lines) else 0, match=sel,
-            reason=str(item["reason"]).strip(), link=str(item.get("link", "")),
+            reason=str(item["reason"]).strip(), fails=fails, link=str(item.get("link", "")),
             versions=versions,
             capability=_spec(path, f"{where}.capability", cap) if cap is not None else None,
-            fails_check=fails.get("check"), fails_message=fails.get("message")))
+            workaround=workaround))
     return Registry(entries, path)
+
+
+def _failures(path, where, raw) -> tuple[Failure, ...]:
+    from .catalog import UNITS
+    if raw is None:
+        raise RegistryError(f"{path}: {where}: every entry names how its cases fail: "
+                            f"{{check: <one of {', '.join(UNITS)}>, message: <regex>}}")
+    items = raw if isinstance(raw, list) else [raw]
+    out = []
+    for i, f in enumerate(items):
+        w = f"{where}[{i}]" if isinstance(raw, list) else where
+        if not isinstance(f, dict):
+            raise RegistryError(f"{path}: {w}: must be a mapping {{check, quantity, message}}")
+        extra = set(f) - FAILURE_KEYS
+        if extra:
+            raise RegistryError(f"{path}: {w}: unknown key {sorted(extra)[0]!r}; allowed: "
+                                f"{', '.join(sorted(FAILURE_KEYS))}")
+        check = f.get("check")
+        if check not in UNITS:
+            raise RegistryError(f"{path}: {w}.check: unknown check {check!r}; allowed: "
+                                f"{', '.join(UNITS)}")
+        msg = f.get("message")
+        if msg is not None:
+            try:
+                re.compile(str(msg))
+            except re.error as e:
+                raise RegistryError(f"{path}: {w}.message: bad regex: {e}") from None
+        q = f.get("quantity")
+        out.append(Failure(check, None if q is None else str(q),
+                           None if msg is None else str(msg)))
+    if len({(f.check, f.quantity) for f in out}) != len(out):
+        raise RegistryError(f"{path}: {where}: a check (and quantity) is named twice")
+    return tuple(out)
+
+
+def _check_workaround(path, where, name, fails) -> None:
+    from .workarounds import WORKAROUNDS
+    w = WORKAROUNDS.get(name)
+    if w is None:
+        raise RegistryError(f"{path}: {where}: unknown workaround {name!r}; known: "
+                            f"{', '.join(WORKAROUNDS)} (harness/workarounds.py)")
+    if not {f.check for f in fails} & set(w.units):
+        raise RegistryError(f"{path}: {where}: {name} stands in for {', '.join(w.units)}; the "
+                            f"entry's fails must name one of them")

@@ -4,6 +4,13 @@ One row per (case, phase, check, quantity, metric) plus one ``check == "case"`` 
 carrying its pytest outcome and duration. Run metadata (versions, git sha, device, date, launch
 overhead) is both repeated in columns (so merged histories stay self-describing) and stored in
 the parquet schema metadata under ``harness``.
+
+Every file is written atomically (a hidden temporary file in the same directory, fsync'd, then
+``os.replace``): a reader -- or a run killed half-way -- never sees half a file. Parquet pages
+carry CRC32 checksums (``write_page_checksum``) that history.read_run verifies, so a flipped
+bit in stored data fails loudly instead of reading back as a silently changed value. Run ids
+hold the start time, the pid and random bits: runs started in the same second, in one project
+directory or on several machines whose histories are merged, never collide.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import socket
 import subprocess
 from datetime import datetime, timezone
@@ -20,18 +28,41 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+from . import catalog
+
+SCHEMA_VERSION = 2  # 2: coverage rows (metric 'coverage', one per case and unit)
 META_KEY = b"harness"
 ROW_COLUMNS = ["run_id", "case_id", "scenario", "backend", "device", "recipe", "mesh", "module",
                "dcp", "reshard", "axes", "phase", "check", "quantity", "metric", "value",
                "tolerance", "row_outcome", "detail", "case_outcome", "case_status",
-               "duration_s", "xfail_entry", "xfail_reason", "skip_reason", "repro"]
+               "duration_s", "xfail_entry", "xfail_entries", "xfail_reason", "skip_reason",
+               "repro"]
 META_COLUMNS = ["date", "git_sha", "torch_version", "te_version", "gpu_name", "hostname"]
-OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped")
+OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped")  # ("interrupted": interrupt.py)
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 100000:05d}"
+    """``<UTC start>-<pid>-<12 random hex>``, e.g. ``20250101T120000-01234-9f3a1c0b5d2e``
+    (48 random bits: two ids of one second and process collide with odds of ~1e-14)."""
+    return (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+            + f"-{os.getpid() % 100000:05d}-{secrets.token_hex(6)}")
+
+
+def atomic_write(path: Path, write) -> Path:
+    """``write(tmp)`` writes the content to a temporary path, which then replaces ``path`` in
+    one step. The temporary name is hidden (history readers skip dot files) and unique per
+    process and call; it is removed if writing fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def git_sha(cwd: Path) -> str:
@@ -63,7 +94,11 @@ def case_rows(info: dict, outcome: str) -> list[dict]:
                 mesh=ax.get("mesh"), module=ax.get("module"), dcp=ax.get("dcp"),
                 reshard=ax.get("reshard"), axes=json.dumps(ax), case_outcome=outcome,
                 case_status=info.get("status", ""), duration_s=info.get("seconds", 0.0),
-                xfail_entry=info.get("xfail_entry"), xfail_reason=info.get("xfail_reason", ""),
+                xfail_entry=info.get("xfail_entry"),
+                xfail_entries=",".join(map(str, info.get("xfail_entries") or
+                                           ([info["xfail_entry"]] if info.get("xfail_entry")
+                                            else []))),
+                xfail_reason=info.get("xfail_reason", ""),
                 skip_reason=info.get("skip_reason", ""), repro=info.get("repro", ""))
     rows = [dict(base, phase="", check="case", quantity="", metric="duration_s",
                  value=info.get("seconds", 0.0), tolerance=float("nan"), row_outcome=outcome,
@@ -94,18 +129,19 @@ def write_run(report_dir: Path, run_id: str, df: pd.DataFrame, meta: dict) -> di
     table = pa.Table.from_pandas(df, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            META_KEY: json.dumps(meta, default=str).encode()})
-    parquet = hist / f"{run_id}.parquet"
-    tmp = parquet.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, parquet)
-    summary = run_dir / "summary.csv"
-    summarize(df).to_csv(summary, index=False)
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-    return {"parquet": parquet, "summary": summary, "meta": run_dir / "meta.json"}
+    parquet = atomic_write(hist / f"{run_id}.parquet",
+                           lambda tmp: pq.write_table(table, tmp, write_page_checksum=True))
+    summary = atomic_write(run_dir / "summary.csv",
+                           lambda tmp: summarize(df).to_csv(tmp, index=False))
+    text = json.dumps(meta, indent=1, default=str)
+    meta_path = atomic_write(run_dir / "meta.json", lambda tmp: tmp.write_text(text))
+    return {"parquet": parquet, "summary": summary, "meta": meta_path}
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per case: outcome, duration and the checks that failed."""
+    """One line per case: outcome, duration, the checks that failed, and one column per check
+    and producer with its coverage status (passed / failed / xfailed / not_run) plus a
+    ``not_run`` column with the reasons."""
     cases = df[df["check"] == "case"][["case_id", "backend", "case_outcome", "case_status",
                                        "duration_s", "xfail_entry", "skip_reason"]]
     bad = df[(df["check"] != "case") & df["row_outcome"].isin(["fail", "error"])]
@@ -114,6 +150,19 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         failed.setdefault(cid, set()).add(f"{check}/{qty}")
     cases = cases.copy()
     cases["failed_checks"] = [", ".join(sorted(failed.get(c, ()))) for c in cases["case_id"]]
+    cov = df[df["metric"] == "coverage"]
+    if len(cov):
+        units = [u for u in catalog.UNITS if u in set(cov["check"])]
+        status = cov.pivot_table(index="case_id", columns="check", values="row_outcome",
+                                 aggfunc="first")
+        for u in units:
+            cases[u] = [status.at[c, u] if c in status.index and pd.notna(status.at[c, u])
+                        else "" for c in cases["case_id"]]
+        nr = cov[cov["row_outcome"] == "not_run"]
+        why: dict[str, list] = {}
+        for cid, unit, detail in zip(nr["case_id"], nr["check"], nr["detail"]):
+            why.setdefault(cid, []).append(f"{unit}: {detail}")
+        cases["not_run"] = ["; ".join(why.get(c, ())) for c in cases["case_id"]]
     return cases
 
 

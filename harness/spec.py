@@ -3,11 +3,15 @@
 Every error names the file, the field and what is allowed, e.g.::
 
     scenarios/x.yaml: axes.recipe[2]: unknown recipe 'fp9'; allowed: fp32, bf16, ...
+
+Nothing is silently resolved: a key written twice is an error (strict_yaml), an axis that is
+neither a core axis nor a known extra one is an error (a typo would be a no-op axis), and every
+number must be a finite number in its range -- YAML's ``yes`` / ``no`` are booleans, not 1 / 0,
+and ``.nan`` / ``.inf`` are refused where they would crash or silently disable something.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,17 +19,14 @@ from typing import Any
 
 import yaml
 
-from . import catalog
-from .mesh import MeshError, parse_mesh
+from . import catalog, models, strict_yaml
+from .models import ModelError, ModelRef
+from .spec_axes import _all_values, _parse_axes, _parse_rules, _value_list
+from .spec_base import (FIELD_RANGES, MAX_TIMEOUT_S, TOP_LEVEL, _NAME, _VALUE, ScenarioError,
+                        _check_number, _fail)
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_VALUE = re.compile(r"^[A-Za-z0-9_.]+$")  # axis values appear in ids and file names
-TOP_LEVEL = {"name", "description", "axes", "cases", "exclude", "model", "model_overrides",
-             "train", "checks", "tolerances", "timeout_s", "marks"}
-
-
-class ScenarioError(ValueError):
-    """A scenario file that cannot be run as written."""
+__all__ = ["ModelDims", "TrainSpec", "ScenarioSpec", "ScenarioError", "load_scenario",
+           "scenario_paths", "FIELD_RANGES", "MAX_TIMEOUT_S", "TOP_LEVEL"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ModelDims:
     seq: int = 8
     batch: int = 8  # global batch, split over the data-parallel ranks
     out_features: int = 30  # Linear / LayerNormLinear output: 30 rows shard unevenly over 4 ranks
+    layers: int = 2  # decoder layers of a stack (LlamaStack; factories may read it)
+    vocab: int = 128  # token vocabulary (next_token models: embedding rows, LM head outputs)
 
     def check_mesh(self, mesh, where: str, path="") -> None:
         """Raise ScenarioError when a mesh cannot split these dims evenly where it must."""
@@ -46,7 +49,7 @@ class ModelDims:
         if self.hidden % self.heads:
             raise ScenarioError(f"{where}: model.hidden={self.hidden} is not divisible by "
                                 f"model.heads={self.heads}")
-        for name in ("hidden", "ffn", "heads", "out_features"):
+        for name in ("hidden", "ffn", "heads", "out_features", "vocab"):
             if getattr(self, name) % mesh.tp:
                 raise ScenarioError(f"{where}: model.{name}={getattr(self, name)} is not "
                                     f"divisible by tp={mesh.tp} of mesh {mesh.name}")
@@ -74,6 +77,9 @@ class ScenarioSpec:
     tolerances: dict[str, dict[str, dict[str, Any]]]  # check -> recipe -> {max_abs, rel_l2, reason}
     timeout_s: float
     marks: dict = field(default_factory=dict)  # pytest mark -> selections of cases it applies to
+    # module axis values that name a factory: the scenario's ``models`` and installed entry
+    # points (harness/models.py), by name
+    models: dict[str, ModelRef] = field(default_factory=dict)
 
     def supports(self, backend: str) -> bool:
         """Whether every axis has values ``backend`` can run."""
@@ -102,113 +108,6 @@ class ScenarioSpec:
         return list(values)
 
 
-def _fail(path, where, msg):
-    raise ScenarioError(f"{path}: {where}: {msg}")
-
-
-def _check_value(path, axis: str, where: str, value) -> None:
-    """Validate one axis value (not backend-specific)."""
-    if not isinstance(value, str) or not _VALUE.match(value):
-        _fail(path, where, f"axis values must be strings of letters, digits, '_' or '.', "
-                           f"got {value!r}")
-    if axis == "recipe" and value not in catalog.RECIPES:
-        _fail(path, where, f"unknown recipe '{value}'; allowed: {', '.join(catalog.RECIPES)}")
-    elif axis == "mesh":
-        try:
-            parse_mesh(value)
-        except MeshError as e:
-            _fail(path, where, str(e))
-    elif axis == "module" and value not in catalog.MODULES:
-        _fail(path, where, f"unknown module '{value}'; allowed: {', '.join(catalog.MODULES)}")
-    elif axis == "dcp" and value not in catalog.DCP_MODES:
-        _fail(path, where, f"unknown dcp mode '{value}'; allowed: {', '.join(catalog.DCP_MODES)}")
-    elif axis == "reshard" and value != catalog.RESHARD_NONE:
-        if not value.startswith(catalog.RESHARD_PREFIX):
-            _fail(path, where, f"bad reshard '{value}'; allowed: 'none' or 'to_<mesh>' "
-                               f"(e.g. to_dp2)")
-        try:
-            parse_mesh(value[len(catalog.RESHARD_PREFIX):])
-        except MeshError as e:
-            _fail(path, where, f"bad reshard target: {e}")
-    elif axis == "fault" and value not in catalog.FAULTS:
-        _fail(path, where, f"unknown fault '{value}'; allowed: {', '.join(catalog.FAULTS)}")
-
-
-def _value_list(path, where, raw) -> list:
-    if isinstance(raw, (str, int, float)):
-        raw = [raw]
-    if not isinstance(raw, list) or not raw:
-        _fail(path, where, "must be a non-empty list of values")
-    if len(set(map(str, raw))) != len(raw):
-        _fail(path, where, f"duplicate values in {raw}")
-    return raw
-
-
-def _parse_axes(path, raw) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        _fail(path, "axes", "must be a mapping of axis name -> list of values")
-    missing = [a for a in catalog.CORE_AXES if a not in raw]
-    if missing:
-        _fail(path, "axes", f"missing axes {missing}; every scenario has {list(catalog.CORE_AXES)}")
-    axes: dict[str, Any] = {}
-    for axis in list(catalog.CORE_AXES) + [a for a in raw if a not in catalog.CORE_AXES]:
-        if not _NAME.match(str(axis)):
-            _fail(path, f"axes.{axis}", "axis names are lower_snake_case")
-        values = raw[axis]
-        if isinstance(values, dict):  # per backend: {torch: [...], te: [...], default: [...]}
-            for backend, lst in values.items():
-                if backend not in catalog.BACKENDS + ("default",):
-                    _fail(path, f"axes.{axis}.{backend}", f"unknown backend; allowed: "
-                                                          f"{', '.join(catalog.BACKENDS)}, default")
-                lst = _value_list(path, f"axes.{axis}.{backend}", lst)
-                for i, v in enumerate(lst):
-                    _check_value(path, axis, f"axes.{axis}.{backend}[{i}]", v)
-                    if axis == "recipe" and backend != "default" and \
-                            v not in catalog.RECIPES_BY_BACKEND[backend]:
-                        _fail(path, f"axes.recipe.{backend}[{i}]",
-                              f"recipe '{v}' is not available with backend {backend}; allowed: "
-                              f"{', '.join(catalog.RECIPES_BY_BACKEND[backend])}")
-            axes[axis] = {b: list(v) for b, v in values.items()}
-            continue
-        values = _value_list(path, f"axes.{axis}", values)
-        for i, v in enumerate(values):
-            _check_value(path, axis, f"axes.{axis}[{i}]", v)
-        axes[axis] = list(values)
-    return axes
-
-
-def _all_values(axes, axis) -> set[str]:
-    v = axes[axis]
-    return set().union(*v.values()) if isinstance(v, dict) else set(v)
-
-
-def _parse_rules(path, field_name, raw, axes) -> list[dict[str, list[str]]]:
-    """``exclude`` / ``cases``: lists of {axis: value | [values] | glob} selections."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        _fail(path, field_name, "must be a list of {axis: value-or-list-or-glob} rules")
-    rules = []
-    for i, rule in enumerate(raw):
-        where = f"{field_name}[{i}]"
-        if not isinstance(rule, dict) or not rule:
-            _fail(path, where, "each rule is a non-empty mapping {axis: value(s)}")
-        parsed = {}
-        for axis, pats in rule.items():
-            if axis not in axes and axis != "backend":
-                _fail(path, f"{where}.{axis}", f"unknown axis; axes are {', '.join(axes)} "
-                                               f"(and 'backend')")
-            pats = [str(p) for p in _value_list(path, f"{where}.{axis}", pats)]
-            known = set(catalog.BACKENDS) if axis == "backend" else _all_values(axes, axis)
-            for p in pats:
-                if not fnmatch.filter(known, p):
-                    _fail(path, f"{where}.{axis}", f"'{p}' matches none of the axis values "
-                                                   f"{sorted(known)}")
-            parsed[axis] = pats
-        rules.append(parsed)
-    return rules
-
-
 def _parse_dataclass(path, where, cls, raw):
     if raw is None:
         return cls()
@@ -219,14 +118,9 @@ def _parse_dataclass(path, where, cls, raw):
     for k, v in raw.items():
         if k not in fields:
             _fail(path, f"{where}.{k}", f"unknown field; allowed: {', '.join(fields)}")
-        default = fields[k].default
-        if isinstance(default, bool) or not isinstance(v, (int, float)) or isinstance(v, bool):
-            _fail(path, f"{where}.{k}", f"must be a number, got {v!r}")
-        if isinstance(default, int) and not isinstance(v, int):
-            _fail(path, f"{where}.{k}", f"must be an integer, got {v!r}")
-        if v <= 0 and k != "seed":
-            _fail(path, f"{where}.{k}", f"must be > 0, got {v}")
-        out[k] = v
+        lo, hi = FIELD_RANGES[k]
+        out[k] = _check_number(path, f"{where}.{k}", v, lo, hi,
+                               integer=isinstance(fields[k].default, int), above=(k == "lr"))
     return cls(**out)
 
 
@@ -283,15 +177,69 @@ def _parse_tolerances(path, raw) -> dict:
                 if k not in ("max_abs", "rel_l2", "reason"):
                     _fail(path, f"{where}.{k}", "unknown field; allowed: max_abs, rel_l2, reason")
             for k in ("max_abs", "rel_l2"):
-                if not isinstance(tol.get(k), (int, float)) or tol[k] < 0:
-                    _fail(path, f"{where}.{k}", f"must be a number >= 0, got {tol.get(k)!r}")
+                _check_number(path, f"{where}.{k}", tol.get(k), 0)
     return raw
+
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
+_MODEL_FIELDS = ("factory", "tp_plan", "task")
+
+
+def _parse_models(path, raw) -> dict[str, ModelRef]:
+    """``models: {name: {factory: "pkg.mod:build", tp_plan: "pkg.mod:plan", task: ...}}``:
+    module axis values that name a factory (harness/models.py says what it receives). The
+    names appear in ids; a name shadows an installed entry point of the same name."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        _fail(path, "models", "must be a mapping name -> {factory, tp_plan, task}")
+    out = {}
+    for name, entry in raw.items():
+        where = f"models.{name}"
+        if not isinstance(name, str) or not _VALUE.match(name):
+            _fail(path, where, "model names appear in ids: letters, digits, '_' or '.'")
+        if name in catalog.MODULES:
+            _fail(path, where, f"'{name}' is a built-in module; pick another name")
+        if not isinstance(entry, dict):
+            _fail(path, where, "must be a mapping with 'factory' (and optional 'tp_plan', "
+                               "'task')")
+        for k in entry:
+            if k not in _MODEL_FIELDS:
+                _fail(path, f"{where}.{k}", f"unknown field; allowed: {', '.join(_MODEL_FIELDS)}")
+        for k in ("factory", "tp_plan"):
+            v = entry.get(k)
+            if (k == "factory" or v is not None) and not (isinstance(v, str)
+                                                          and _IMPORT_PATH.match(v)):
+                _fail(path, f"{where}.{k}", f"must be an import path 'package.module:name', "
+                                            f"got {v!r}")
+        task = entry.get("task", "regression")
+        if task not in catalog.TASKS:
+            _fail(path, f"{where}.task", f"unknown task {task!r}; allowed: "
+                                         f"{', '.join(catalog.TASKS)}")
+        out[name] = ModelRef(name, entry["factory"], entry.get("tp_plan"), task, origin=where)
+    return out
+
+
+def _used_models(path, axes, declared: dict[str, ModelRef]) -> dict[str, ModelRef]:
+    """The model references the module axis names: the scenario's own, then entry points."""
+    out = {}
+    for name in sorted(_all_values(axes, "module") - set(catalog.MODULES)):
+        if name in declared:
+            out[name] = declared[name]
+            continue
+        try:
+            out[name] = models.from_entry_point(name)
+        except ModelError as e:
+            _fail(path, "axes.module", str(e))
+    return out
 
 
 def load_scenario(path: str | Path) -> ScenarioSpec:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = strict_yaml.load(path)
+    except strict_yaml.DuplicateKeyError as e:
+        raise ScenarioError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -304,15 +252,17 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
         _fail(path, "name", f"must be lower_snake_case, got {name!r}")
     if name != path.stem:
         _fail(path, "name", f"'{name}' must match the file name '{path.stem}'")
-    axes = _parse_axes(path, raw.get("axes"))
+    declared = _parse_models(path, raw.get("models"))
+    known = tuple(catalog.MODULES) + tuple(declared) + tuple(
+        n for n in models.installed() if n not in declared)
+    axes = _parse_axes(path, raw.get("axes"), known)
     checks = raw.get("checks", list(catalog.DEFAULT_CHECKS))
     checks = _value_list(path, "checks", checks)
     for i, c in enumerate(checks):
         if c not in catalog.CHECKS:
             _fail(path, f"checks[{i}]", f"unknown check '{c}'; allowed: {', '.join(catalog.CHECKS)}")
-    timeout = raw.get("timeout_s", 180)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        _fail(path, "timeout_s", f"must be a number > 0 (seconds per case), got {timeout!r}")
+    timeout = _check_number(path, "timeout_s (seconds per case)", raw.get("timeout_s", 180), 0,
+                            MAX_TIMEOUT_S, above=True)
     marks = _parse_marks(path, raw.get("marks"), axes)
     spec = ScenarioSpec(
         name=name, path=path, description=str(raw.get("description", "")).strip(),
@@ -322,7 +272,7 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
         model_overrides=_parse_overrides(path, raw.get("model_overrides"), axes, raw.get("model")),
         train=_parse_dataclass(path, "train", TrainSpec, raw.get("train")),
         checks=tuple(checks), tolerances=_parse_tolerances(path, raw.get("tolerances")),
-        timeout_s=float(timeout), marks=marks,
+        timeout_s=float(timeout), marks=marks, models=_used_models(path, axes, declared),
     )
     return spec
 

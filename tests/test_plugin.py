@@ -25,14 +25,15 @@ axes:
   recipe: [fp32]
   mesh: [dp2]
   module: [LayerNormMLP]
-  dcp: [sync]
+  dcp: [sync, async_thread]
   reshard: [none, to_dp4]
-  fault: [none, perturb_reference, skip_load]
+  fault: [none, perturb_reference, skip_load, perturb_loaded]
 cases:
-  - {fault: perturb_reference, reshard: none}
-  - {fault: none, reshard: none}
-  - {fault: skip_load, reshard: none}
-  - {fault: none, reshard: to_dp4}
+  - {fault: perturb_reference, reshard: none, dcp: sync}
+  - {fault: none, reshard: none, dcp: sync}
+  - {fault: skip_load, reshard: none, dcp: sync}
+  - {fault: none, reshard: to_dp4, dcp: sync}
+  - {fault: perturb_loaded, reshard: to_dp4}
 timeout_s: 60
 """
 
@@ -43,12 +44,21 @@ entries:
     reason: reference perturbed on purpose
     link: https://example.org/a
   - match: {scenario: tiny, fault: none, reshard: none}
+    fails: {check: fp32_parity}
     reason: claims a failure that does not happen
     link: https://example.org/b
   - match: {scenario: tiny, fault: skip_load}
     fails: {check: fp32_parity}
     reason: expects the wrong check
     link: https://example.org/c
+  - match: {scenario: tiny, fault: perturb_loaded}
+    fails: {check: dcp_roundtrip}
+    reason: explains the same-mesh round trip only
+    link: https://example.org/d
+  - match: {scenario: tiny, fault: perturb_loaded, dcp: async_thread}
+    fails: {check: reshard}
+    reason: explains the reshard failure of the async case
+    link: https://example.org/e
 """
 
 
@@ -78,10 +88,10 @@ def test_collect_only_and_k_selection(tmp_path, tiny):
                          "--collect-only", "-q")
     assert rc == 0, out
     assert "tiny.yaml::tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]" in out
-    assert "4 tests collected" in out
+    assert "6 tests collected" in out
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
-                         "--collect-only", "-q", "-k", "to_dp4")
-    assert rc == 0 and "1/4 tests collected (3 deselected)" in out, out
+                         "--collect-only", "-q", "-k", "to_dp4 and none")
+    assert rc == 0 and "1/6 tests collected (5 deselected)" in out, out
 
 
 def test_zero_selected_cases_is_an_error(tmp_path, tiny):
@@ -93,7 +103,7 @@ def test_zero_selected_cases_is_an_error(tmp_path, tiny):
 
 def test_max_world_size_skips_with_reason(tmp_path, tiny):
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
-                         "--max-world-size", "2", "-k", "to_dp4", "-rs", "--no-report")
+                         "--max-world-size", "2", "-k", "to_dp4 and none", "-rs", "--no-report")
     assert rc == 0, out
     assert "needs 4 ranks; --max-world-size / available ranks: 2" in out
 
@@ -110,9 +120,17 @@ def test_xfail_registry_outcomes_and_reports(tmp_path, tiny):
     # entry 2: passes -> strict XPASS fails, telling which entry to remove
     assert "[XPASS(strict)] xfail entry 2" in out and "remove xfail entry 2" in out
     # entry 3: fails, but not the way the entry says -> a real failure
-    assert "xfail entry 3 (xfails.yaml line 9) expects fp32_parity to fail" in out
-    assert "dcp_roundtrip/state" in out and "repro: pytest --scenario tiny" in out
-    assert "outcomes: 1 passed, 1 failed, 1 xfailed, 1 xpassed, 0 skipped" in out
+    assert "xfail entry 3 (xfails.yaml line 10) names fp32_parity failing, but fp32_parity ran " \
+           "and passed: remove it from entry 3" in out
+    assert "not explained by any entry: dcp_roundtrip/state" in out
+    assert "repro: pytest --scenario tiny" in out
+    # entry 4 explains dcp_roundtrip, not the reshard failure of the same bug: the sync case
+    # FAILS naming both; entry 5 also names reshard for the async case: XFAIL
+    sync_fail = out[out.index("tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-perturb_loaded] _"):]
+    assert "entry 4 explains dcp_roundtrip\n" in sync_fail
+    assert "not explained by any entry: reshard/state" in sync_fail
+    assert "XFAIL scen/tiny.yaml::tiny[fp32-dp2-LayerNormMLP-async_thread-to_dp4-perturb_loaded]" in out
+    assert "outcomes: 1 passed, 2 failed, 2 xfailed, 1 xpassed, 0 skipped" in out
     assert "torchrun launches: 2 (1 x world 2, 1 x world 4)" in out
     df = pd.read_parquet(next((reports / "history").glob("*.parquet")))
     cases = df[df["check"] == "case"].set_index("case_id")["case_outcome"]
@@ -120,11 +138,21 @@ def test_xfail_registry_outcomes_and_reports(tmp_path, tiny):
     assert cases["tiny[fp32-dp2-LayerNormMLP-sync-none-none]"] == "xpassed"
     assert cases["tiny[fp32-dp2-LayerNormMLP-sync-none-skip_load]"] == "failed"
     assert cases["tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]"] == "passed"
-    reshard = df[(df["check"] == "reshard") & (df["case_id"].str.contains("to_dp4"))]
+    # coverage: one row per case and unit; the verdict turns explained failures into xfailed
+    cov = df[df["metric"] == "coverage"].set_index(["case_id", "check"])["row_outcome"]
+    sync, asy = ("tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-perturb_loaded]",
+                 "tiny[fp32-dp2-LayerNormMLP-async_thread-to_dp4-perturb_loaded]")
+    assert cov[(sync, "dcp_roundtrip")] == "xfailed" and cov[(sync, "reshard")] == "failed"
+    assert cov[(asy, "reshard")] == "xfailed" and cov[(asy, "async_equivalence")] == "passed"
+    assert cov[(sync, "train")] == "passed" and cov[(sync, "fp32_parity")] == "passed"
+    summary = pd.read_csv(next((reports / "runs").glob("*/summary.csv"))).set_index("case_id")
+    assert summary.loc[sync, "reshard"] == "failed" and summary.loc[sync, "dcp_roundtrip"] == "xfailed"
+    reshard = df[(df["check"] == "reshard") & (df["case_id"].str.endswith("to_dp4-none]"))
+                 & (df["metric"] != "coverage") & (df["quantity"] != "time")]
     assert set(reshard["quantity"]) == {"state", "next_loss", "next_params"}
     assert (reshard["row_outcome"] == "pass").all()
     assert {"torch_version", "git_sha", "date"} <= set(df.columns)
-    assert (tmp_path / "j.xml").read_text().count("<testcase") == 4
+    assert (tmp_path / "j.xml").read_text().count("<testcase") == 6
 
 
 @pytest.mark.integration
@@ -145,7 +173,7 @@ def test_world_size_selects_one_shard(tmp_path, tiny):
                          "--collect-only", "-q", "--world-size", "4")
     assert rc == 0, out
     assert "tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]" in out
-    assert "1/4 tests collected (3 deselected)" in out
+    assert "3/6 tests collected (3 deselected)" in out
 
 
 def test_unrelated_path_args_still_run_the_scenario(tmp_path, tiny):
@@ -154,4 +182,4 @@ def test_unrelated_path_args_still_run_the_scenario(tmp_path, tiny):
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
                          "--collect-only", "-q", str(other))
     assert rc == 0, out
-    assert "4 tests collected" in out
+    assert "6 tests collected" in out

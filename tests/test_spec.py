@@ -117,7 +117,7 @@ def test_exclude_everything(tmp_path):
 
 
 def test_model_and_train_fields(tmp_path):
-    bad(tmp_path, {**BASE, "model": {"hidden": -4}}, "model.hidden", "> 0")
+    bad(tmp_path, {**BASE, "model": {"hidden": -4}}, "model.hidden", ">= 1")
     bad(tmp_path, {**BASE, "model": {"hiden": 4}}, "model.hiden", "unknown field")
     bad(tmp_path, {**BASE, "train": {"steps": 2.5}}, "train.steps", "integer")
     bad(tmp_path, {**BASE, "timeout_s": 0}, "timeout_s", "> 0")

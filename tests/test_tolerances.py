@@ -8,9 +8,45 @@ from harness.checks.compare import compare
 from harness.tolerances import BITWISE, MissingTolerance, Tolerance
 
 
-def test_lookup_table_and_bitwise():
-    t = tolerances.lookup("fp32_parity", "params", "bf16")
-    assert t.rel_l2 > 0 and "bf16" in t.reason
+# (check, quantity, recipe, loss, metric) -> measurement
+MEASURED = {
+    ("fp32_parity", "params", "x", "mse", "max_abs"): dict(n=10, p99=0.02, max=0.021, sources="s"),
+    ("fp32_parity", "params", "x", "mse", "rel_l2"): dict(n=10, p99=0.1, max=0.11, sources="s"),
+    ("fp32_parity", "loss", "x", "mse", "max_abs"): dict(n=10, p99=0.0, max=0.0, sources="s"),
+    ("fp32_parity", "loss", "x", "mse", "rel_l2"): dict(n=10, p99=1e-9, max=1e-9, sources="s"),
+    ("fp32_parity", "params", "y", "mse", "max_abs"): dict(n=5, p99=0.07, max=0.07, sources="s"),
+    ("fp32_parity", "params", "y", "mse", "rel_l2"): dict(n=5, p99=0.1, max=0.1, sources="s")}
+
+
+def test_lookup_is_factor_times_measured_p99_with_a_floor():
+    t = tolerances.lookup("fp32_parity", "params", "x", measured=MEASURED)
+    assert t.max_abs == pytest.approx(3 * 0.02) and t.rel_l2 == pytest.approx(3 * 0.1)
+    assert "calibrated: 3x the p99" in t.reason and "over 10 cases" in t.reason
+    loss = tolerances.lookup("fp32_parity", "loss", "x", measured=MEASURED)
+    assert loss.max_abs == tolerances.FLOOR and loss.rel_l2 == tolerances.FLOOR
+
+
+def test_a_max_abs_limit_that_cannot_trip_is_dropped():
+    """3 x 0.07 = 0.21 >= Adam's bound for 3 steps at lr 1e-2 (2 x 3 x 0.0316 = 0.19)."""
+    assert tolerances.adam_bound(1e-2, 3) == pytest.approx(0.1897, rel=1e-3)
+    t = tolerances.lookup("fp32_parity", "params", "y", measured=MEASURED)
+    assert t.max_abs == math.inf and t.rel_l2 == pytest.approx(0.3)
+    assert "could never trip" in t.reason
+
+
+def test_shipped_calibration_covers_every_calibrated_quantity():
+    from harness.calibration.derive import CALIBRATED
+    from harness.catalog import RECIPES, TASK_LOSS
+    for loss in set(TASK_LOSS.values()):
+        for recipe in RECIPES:
+            for check, quantity in CALIBRATED:
+                if quantity == "stored_params" and recipe in ("fp32", "bf16"):
+                    continue
+                t = tolerances.lookup(check, quantity, recipe, loss=loss)
+                assert t.rel_l2 > 0 and "calibrated" in t.reason, (check, quantity, recipe, loss)
+
+
+def test_bitwise_quantities():
     assert tolerances.lookup("dcp_roundtrip", "state", "bf16") is BITWISE
     assert tolerances.lookup("reshard", "state", "fp32") is BITWISE
 
@@ -22,8 +58,35 @@ def test_override_applies_but_never_to_bitwise():
     assert tolerances.lookup("dcp_roundtrip", "state", "fp32", o) is BITWISE
 
 
+def test_tolerances_are_calibrated_per_loss():
+    """A next-token model's errors are measured apart from the MSE layers': the calibration
+    groups by the loss of each case's module, and a case looks its loss up."""
+    import pandas as pd
+
+    from harness import catalog
+    from harness.calibration import derive
+
+    def row(module, value, metric):
+        return dict(scenario="calibration", case_id=f"c-{module}-{value}", check="fp32_parity",
+                    quantity="loss", recipe="bf16", metric=metric, value=value,
+                    row_outcome="pass", module=module, backend="torch", device="cpu")
+    df = pd.DataFrame([row(m, v, k) for m, v in (("LayerNormMLP", 1e-3), ("LlamaStack", 5e-2))
+                       for k in ("max_abs", "rel_l2")])
+    got = {(r["loss"], r["metric"]): r["p99"] for r in derive.measured(df)}
+    assert got == {("mse", "max_abs"): 1e-3, ("mse", "rel_l2"): 1e-3,
+                   ("cross_entropy", "max_abs"): 5e-2, ("cross_entropy", "rel_l2"): 5e-2}
+    measured = {("fp32_parity", "loss", "bf16", loss, metric): dict(n=1, p99=p, max=p, sources="x")
+                for (loss, metric), p in got.items()}
+    mse = tolerances.lookup("fp32_parity", "loss", "bf16", measured=measured)
+    ce = tolerances.lookup("fp32_parity", "loss", "bf16", measured=measured, loss="cross_entropy")
+    assert mse.rel_l2 == pytest.approx(3e-3) and ce.rel_l2 == pytest.approx(0.15)
+    assert "cases of cross_entropy modules" in ce.reason
+    for task in catalog.TASKS:
+        assert catalog.TASK_LOSS[task] in {loss for (_, _, _, loss, _) in tolerances._MEASURED}
+
+
 def test_missing_is_an_error():
-    with pytest.raises(MissingTolerance, match="add one with its reason"):
+    with pytest.raises(MissingTolerance, match="python -m harness calibrate"):
         tolerances.lookup("fp32_parity", "loss", "nvfp4-unknown")
 
 
@@ -50,9 +113,18 @@ def test_bitwise_sees_negative_zero_and_nan_payloads():
     assert c.max_abs == 0 and c.n_diff == 1 and not c.passes(BITWISE)
     assert c.passes(Tolerance(0, 0.1, "values equal"))  # equal values, only bits differ
     nan = torch.tensor([float("nan")])
-    assert compare({"x": nan}, {"x": nan.clone()}).passes(BITWISE)
     c = compare({"x": nan}, {"x": torch.tensor([1.0])})
     assert c.max_abs == math.inf and not c.passes(Tolerance(1e9, 1e9, "x"))
+
+
+def test_non_finite_values_fail_even_when_both_sides_agree():
+    nan, inf = torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 2.0])
+    for a, e in ((nan, nan.clone()), (inf, inf.clone())):
+        c = compare({"x": a}, {"x": e})
+        assert c.n_diff == 0 and not c.passes(BITWISE) and not c.passes(Tolerance(1, 1, "x"))
+        assert "non-finite: x (actual)" in c.describe(BITWISE)
+    allowed = Tolerance(1, 1, "x", nonfinite="a check that says why NaN may pass")
+    assert compare({"x": nan}, {"x": nan.clone()}).passes(allowed)
 
 
 def test_structure_problems_fail():
@@ -69,3 +141,14 @@ def test_empty_tensors_compare_equal():
     e = torch.empty(0, dtype=torch.uint8)
     c = compare({"x": e, "y": torch.ones(2)}, {"x": e.clone(), "y": torch.ones(2)})
     assert c.passes(BITWISE) and c.n_total == 2
+
+
+def test_raw_quantized_storage_is_compared_by_bytes_not_by_the_nonfinite_rule():
+    """TE pads block scales with whatever memory held (NaN patterns included): raw buffers are
+    compared byte for byte; the dequantized values of the same tensor keep the rule."""
+    pad = torch.tensor([1.0, float("nan")])
+    raw = compare({"w#local.rowwise_scale_inv": pad}, {"w#local.rowwise_scale_inv": pad.clone()})
+    assert raw.passes(BITWISE)
+    values = compare({"w#dequantized": pad}, {"w#dequantized": pad.clone()})
+    assert not values.passes(BITWISE)
+    assert not compare({"m._extra_state#amax": pad}, {"m._extra_state#amax": pad.clone()}).passes(BITWISE)

@@ -1,5 +1,6 @@
 """Reference backend: our pure-PyTorch TE-style quantized tensors and modules (harness/reference),
 on CPU (gloo) or GPU. Every TE fix the harness is built around is a switch here (axis ``fixes``).
+A model a scenario brings (harness/models.py) runs its own plain layers here, fp32 / bf16.
 """
 
 from __future__ import annotations
@@ -15,11 +16,27 @@ class ReferenceBackend(TorchBackend):
     name = "reference"
     recipes = catalog.RECIPES_BY_BACKEND["reference"]
 
+    def skip_reason(self, case, device: str) -> str | None:
+        """A factory's model with a quantized recipe (its plain layers are not quantized
+        here); blocked formats whose blocks the case's meshes would cut (QuantizedLayoutError
+        at run time otherwise): a skip at collection, naming weight, mesh, rows and block size."""
+        if case.model_ref is not None:
+            if case.recipe in catalog.QUANTIZED_RECIPES:
+                return (f"model '{case.model_ref.name}' is built by a factory from plain torch "
+                        f"layers; the reference backend quantizes only its own TE-style modules "
+                        f"(a factory's model runs fp32 and bf16 here)")
+            return None
+        from . import layout
+        return layout.skip_reason(case, layout.reference_weights(case.ax["module"], case.model),
+                                  layout.reference_blocks(case.recipe))
+
     def build(self, case, mesh, mesh_spec, seed: int, device):
         from ..reference import fixes, modules as ref
         from ..worker import modules as canonical_modules
         from ..worker import parallel
         fixes.configure(case.ax.get("fixes", "all"))
+        if case.model_ref is not None:  # a factory's plain layers: TP by its plan
+            return super().build(case, mesh, mesh_spec, seed, device)
         canonical = canonical_modules.build(case.ax["module"], case.model, seed).state_dict()
         tp = ref.TP()
         if mesh_spec.tp > 1:
@@ -35,14 +52,14 @@ class ReferenceBackend(TorchBackend):
 
     def optimizer(self, model, case):
         from ..reference.optim import MasterAdam
-        return MasterAdam(model.parameters(), lr=case.train.lr)
+        return MasterAdam(model.parameters(), lr=self.lr(case))
 
     def autocast(self, case):
         from ..reference.linear import autocast
         return autocast(True)
 
     def canonical_names(self, model) -> dict:
-        return model.canonical_names()
+        return model.canonical_names() if hasattr(model, "canonical_names") else {}
 
     def checks(self, case) -> dict:
         from ..checks import quantized

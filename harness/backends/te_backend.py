@@ -6,8 +6,16 @@ is detected, never assumed from a version number:
 * recipes: TE's own availability checks (``te.is_fp8_available(return_reason=True)``, ...);
   a recipe the GPU cannot run is a skip carrying TE's reason;
 * FSDP2 x TP: needs ``set_device_mesh`` on TE modules (TE PR #2713); without it TP cases skip;
-* HSDP: TE's ``reset_parameters`` looks the shard group up as ``mesh["shard"]``, so this
-  backend names the mesh dims ``replicate`` / ``shard`` / ``tp``.
+* workarounds of TE bugs are findings (``WORKAROUNDS``: registry entries, reported on every
+  case, and the ``te_workarounds`` scenario runs without each one -- axis ``without`` -- so the
+  failure stays measured): TE's ``reset_parameters`` looks the HSDP shard group up as
+  ``mesh["shard"]`` (the mesh dims are named ``replicate`` / ``shard`` / ``tp``); the initial
+  full state dict keeps TE's ``_extra_state`` entries (without them torch's
+  ``set_model_state_dict`` hands TE a placeholder its ``set_extra_state`` rejects).
+
+Modules: TE's own (``make``), LlamaStack of TE layers (``te_llama_stack.py``: a
+``torch.nn.Embedding`` with a tied ``te.Linear`` head, kept high precision), or the factory a
+scenario names (harness/models.py; it may build TE layers, ``ctx.backend == "te"``).
 
 Models follow TE's FSDP2 recipe: build on ``device="meta"`` under ``te.quantized_model_init``,
 ``fully_shard`` each child then the root, ``reset_parameters()``; then the weights of an FP32 TE
@@ -32,6 +40,13 @@ AVAILABLE = {"delayed": "is_fp8_available", "current": "is_fp8_available",
              "block": "is_fp8_block_scaling_available", "mxfp8": "is_mxfp8_available",
              "nvfp4": "is_nvfp4_available"}
 MESH_NAMES = {"dp_replicate": "replicate", "dp_shard": "shard", "tp": "tp"}
+WORKAROUNDS = {  # keys: catalog.TE_WORKAROUNDS
+    "hsdp_mesh_dim_names": "mesh dims named replicate / shard / tp: TE's reset_parameters "
+                           "looks the HSDP shard group up as mesh['shard']",
+    "init_extra_state": "the initial full state dict keeps TE's _extra_state entries: without "
+                        "them torch's set_model_state_dict hands TE's set_extra_state a "
+                        "placeholder it rejects ('Unsupported checkpoint format.')",
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +62,10 @@ def _import():
 class TEBackend(TorchBackend):
     name = "te"
     recipes = catalog.RECIPES_BY_BACKEND["te"]
-    mesh_names = MESH_NAMES
+    # Float8Tensor's transpose cache and the columnwise copies of blockwise / MXFP8 / NVFP4
+    # tensors are (re)built when a GEMM needs them; whatever a load leaves absent is compared
+    # after the next step with the uninterrupted run's (dcp_roundtrip rebuilt_buffers).
+    lazy_buffers = ("transpose", "columnwise")
 
     # --- pytest process -------------------------------------------------------------------
     def skip_reason(self, case, device: str) -> str | None:
@@ -64,7 +82,20 @@ class TEBackend(TorchBackend):
         if tp > 1 and not hasattr(te.Linear, "set_device_mesh"):
             return (f"TE {version} has no set_device_mesh (TE PR #2713, unmerged): TE modules "
                     f"cannot hand FSDP2/DCP their TP shards as DTensors")
-        return None
+        return self.layout_skip_reason(case)
+
+    @staticmethod
+    def layout_skip_reason(case) -> str | None:
+        """TE's block-size requirements on the case's weights and meshes (layout.py); no CUDA
+        or TE import needed. A factory's model is its own (its layers are unknown here)."""
+        from . import layout
+        if case.model_ref is not None:
+            return None
+        return layout.skip_reason(case, layout.te_weights(case.ax["module"], case.model),
+                                  layout.TE_BLOCKS.get(case.recipe))
+
+    def preload(self) -> None:
+        _import()
 
     def versions(self) -> dict[str, str]:
         _, version, _ = _import()
@@ -80,34 +111,16 @@ class TEBackend(TorchBackend):
     def quantized(self, case) -> bool:
         return case.recipe in RECIPE_CLASS
 
-    def make(self, case, device: str):
-        te, _, _ = _import()
-        d, kind = case.model, case.ax["module"]
-        common = dict(params_dtype=torch.float32, device=device)
-        if kind == "Linear":
-            return te.Linear(d.hidden, d.out_features, **common)
-        if kind == "LayerNormLinear":
-            return te.LayerNormLinear(d.hidden, d.out_features, **common)
-        if kind == "LayerNormMLP":
-            return te.LayerNormMLP(d.hidden, d.ffn, **common)
-        # bias=False: a key bias has an identically-zero gradient (softmax shift invariance) and
-        # Adam would turn rounding noise into O(lr) updates no two runs share.
-        if kind == "MultiheadAttention":
-            return te.MultiheadAttention(d.hidden, d.heads, attention_dropout=0.0,
-                                         input_layernorm=True, fuse_qkv_params=True, bias=False,
-                                         qkv_format="bshd", attn_mask_type="causal", **common)
-        if kind == "TransformerLayer":
-            return te.TransformerLayer(d.hidden, d.ffn, d.heads, hidden_dropout=0.0,
-                                       attention_dropout=0.0, fuse_qkv_params=True, bias=False,
-                                       attn_input_format="bshd", self_attn_mask_type="causal",
-                                       **common)
-        raise ValueError(kind)
+    def make(self, case, device: str, mesh=None, mesh_spec=None, seed: int | None = None):
+        """The case's TE module on ``device`` (te_modules.py)."""
+        from .te_modules import make
+        return make(_import()[0], case, self.name, device, mesh, mesh_spec, seed)
 
     def reference_model(self, case, seed: int, device):
         """The FP32 reference: the same TE module, unquantized, on one GPU."""
         with torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            return self.make(case, str(device))
+            return self.make(case, str(device), seed=seed)
 
     def build(self, case, mesh, mesh_spec, seed: int, device):
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
@@ -116,16 +129,29 @@ class TEBackend(TorchBackend):
         from ..worker import parallel
         te, _, _ = _import()
         with te.quantized_model_init(enabled=self.quantized(case), recipe=self.recipe(case)):
-            model = self.make(case, "meta")
-        units = list(model.children()) if case.ax["module"] == "TransformerLayer" else []
-        parallel.shard(model, mesh, mesh_spec, case.recipe, units=units, names=self.mesh_names)
+            model = self.make(case, "meta", mesh, mesh_spec, seed)
+        ties = parallel.tied_groups(model)
+        if case.model_ref is not None and mesh_spec.tp > 1:  # the factory's plain layers
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            from .. import models
+            from ..mesh import TP
+            ctx = models.context(case, self.name, seed, "meta", mesh, mesh_spec)
+            parallelize_module(model, mesh[TP], models.tp_plan(case.model_ref, model, ctx))
+            parallel.retie(model, ties)
+        if hasattr(model, "fsdp_units"):
+            units = model.fsdp_units()
+        else:
+            units = list(model.children()) if case.ax["module"] == "TransformerLayer" else []
+        parallel.shard(model, mesh, mesh_spec, case.recipe, units=units,
+                       names=self.mesh_names(case))
         for m in model.modules():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
-        # Keep the reference's (empty, FP8 unused) _extra_state entries: without them torch's
-        # set_model_state_dict hands its _EXTRA_STATE placeholder to TE's set_extra_state,
-        # which raises "Unsupported checkpoint format." (seen with TE 2.20.2 / torch 2.11).
+        parallel.retie(model, ties)  # TE's reset_parameters may re-register a tied alias
         full = self.reference_model(case, seed, device).state_dict()
+        if "init_extra_state" not in self.applied_workarounds(case):
+            full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
         return model
 
@@ -134,8 +160,24 @@ class TEBackend(TorchBackend):
         axis says ``no_master_weights``."""
         from transformer_engine.pytorch.optimizers import FusedAdam
         master = self.quantized(case) and case.ax.get("optimizer") != "no_master_weights"
-        return FusedAdam(model.parameters(), lr=case.train.lr, master_weights=master,
+        return FusedAdam(model.parameters(), lr=self.lr(case), master_weights=master,
                          master_weight_dtype=torch.float32)
+
+    def canonical_state(self, flat: dict) -> dict:
+        """TE's ``_extra_state`` entries by what they hold (:func:`extra_state_contents`)."""
+        return extra_state_contents(flat)
+
+    def applied_workarounds(self, case) -> dict[str, str]:
+        without = case.ax.get("without", "none")
+        return {k: v for k, v in WORKAROUNDS.items() if k != without}
+
+    def mesh_names(self, case) -> dict | None:
+        return MESH_NAMES if "hsdp_mesh_dim_names" in self.applied_workarounds(case) else None
+
+    def case_context(self, case):
+        """The case's TE mutant (axis ``mutation``) patched in for the case's duration."""
+        from . import te_mutations
+        return te_mutations.applied(case.ax.get("mutation", "none"))
 
     def autocast(self, case):
         te, _, _ = _import()
@@ -146,6 +188,41 @@ class TEBackend(TorchBackend):
     def checks(self, case) -> dict:
         from ..checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
+
+
+def extra_state_contents(flat: dict) -> dict:
+    """TE's ``_extra_state`` is a pickled dict (DelayedScaling's scales and amax histories,
+    the recipe, bookkeeping values) in a uint8 tensor. Its bytes need not repeat between two
+    ``state_dict()`` calls of one state, so the checks compare what it holds: each tensor as
+    ``<key>#<name>``, each value of ``extra_fp8_variables`` as ``<key>#extra.<name>``, the
+    recipe by its repr. It is TE's own pickle of this run, read as TE's set_extra_state
+    reads it."""
+    import pickle
+    out = {}
+    for k, v in flat.items():
+        if not (k.endswith("_extra_state") and isinstance(v, torch.Tensor)
+                and v.dtype == torch.uint8 and v.numel()):
+            out[k] = v
+            continue
+        try:
+            state = pickle.loads(v.numpy().tobytes())
+        except Exception:  # noqa: BLE001 - not TE's format: compare the bytes
+            out[k] = v
+            continue
+        for name, item in state.items():
+            if name == "extra_fp8_variables":
+                out.update({f"{k}#extra.{n}": _plain(x) for n, x in item.items()})
+            elif isinstance(item, torch.Tensor):
+                out[f"{k}#{name}"] = item
+            else:
+                out[f"{k}#{name}"] = repr(item)
+    return out
+
+
+def _plain(x):
+    """A value weights_only loading accepts (the reshard phase reads S back): numbers and
+    strings as they are, anything else (enums, tuples of them) by its repr."""
+    return x if isinstance(x, (bool, int, float, str)) else repr(x)
 
 
 BACKEND = TEBackend()

@@ -1,5 +1,5 @@
-"""Plain-torch backend: the harness's own modules, TP via parallelize_module, FSDP2 with a
-MixedPrecisionPolicy for bf16."""
+"""Plain-torch backend: the harness's own modules (or the factory a scenario names,
+harness/models.py), TP via parallelize_module, FSDP2 with a MixedPrecisionPolicy for bf16."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from .. import catalog
 class TorchBackend:
     name = "torch"
     recipes = catalog.RECIPES_BY_BACKEND["torch"]
+    # name fragments of quantized-tensor buffers the backend rebuilds lazily (on the next
+    # forward / backward): a load may leave them absent; dcp_roundtrip then compares them
+    # after the next step. Nothing is lazy unless a backend says so.
+    lazy_buffers: tuple[str, ...] = ()
 
     # --- pytest process -------------------------------------------------------------------
     def skip_reason(self, case, device: str) -> str | None:
@@ -22,19 +26,60 @@ class TorchBackend:
     def versions(self) -> dict[str, str]:
         return {}
 
+    def preload(self) -> None:
+        """Import what the worker's cases will need (timed apart from the cases)."""
+
     # --- worker ---------------------------------------------------------------------------
     def build(self, case, mesh, mesh_spec, seed: int, device):
-        from ..worker import modules, parallel
-        model = modules.build(case.ax["module"], case.model, seed, device)
-        return parallel.parallelize(model, mesh, mesh_spec, case.recipe)
+        from ..worker import parallel
+        model, ctx = self.plain_model(case, seed, device, mesh, mesh_spec)
+        plan = None
+        if ctx is not None and mesh_spec.tp > 1:
+            from .. import models
+            plan = models.tp_plan(case.model_ref, model, ctx)
+        return parallel.parallelize(model, mesh, mesh_spec, case.recipe, plan)
 
     def reference_model(self, case, seed: int, device):
         """The module the single-process FP32 reference trains (the plain-torch module)."""
-        from ..worker import modules
-        return modules.build(case.ax["module"], case.model, seed, device)
+        return self.plain_model(case, seed, device, reference=True)[0]
+
+    def plain_model(self, case, seed: int, device, mesh=None, mesh_spec=None,
+                    reference: bool = False):
+        """The case's whole plain-torch module and the ModelContext its factory got: a built-in
+        (``worker/modules.py``, context None) or the factory the module axis names."""
+        if case.model_ref is None:
+            from ..worker import modules
+            return modules.build(case.ax["module"], case.model, seed, device), None
+        from .. import models
+        ctx = models.context(case, self.name, seed, device, mesh, mesh_spec, reference)
+        return models.build(case.model_ref, ctx), ctx
+
+    def lr(self, case) -> float:
+        """The learning rate of the run under test (a sized-bug fault may scale it)."""
+        from ..worker import faults
+        return case.train.lr * faults.run_lr_scale(case)
 
     def optimizer(self, model, case):
-        return torch.optim.Adam(model.parameters(), lr=case.train.lr)
+        return torch.optim.Adam(model.parameters(), lr=self.lr(case))
+
+    def mesh_names(self, case) -> dict | None:
+        """Names for the mesh dims (dp_replicate / dp_shard / tp), None: the harness's own."""
+        return None
+
+    def applied_workarounds(self, case) -> dict[str, str]:
+        """Workarounds of the library under test this backend applies to the case (name ->
+        what it does); each is a finding with its registry entry, measured without it by a
+        scenario of its own. The worker records them on every case."""
+        return {}
+
+    def canonical_state(self, flat: dict) -> dict:
+        """A flattened state as the checks compare it (the te backend decodes TE's pickled
+        ``_extra_state``); the identity here."""
+        return flat
+
+    def case_context(self, case):
+        """Around everything a case does in a worker (e.g. the te backend's mutants)."""
+        return contextlib.nullcontext()
 
     def autocast(self, case):
         return contextlib.nullcontext()
@@ -44,11 +89,9 @@ class TorchBackend:
         return {}
 
     def checks(self, case) -> dict:
-        """Checks beyond the phases' own: name -> callable(run, recorder)."""
-        from ..checks.export import safetensors_export
+        """Checks of the trained model beyond the core ones: name -> callable(run, recorder)."""
         from ..checks.quantized import optimizer_state_placement
-        return {"optimizer_state_placement": optimizer_state_placement,
-                "safetensors_export": safetensors_export}
+        return {"optimizer_state_placement": optimizer_state_placement}
 
 
 BACKEND = TorchBackend()

@@ -1,7 +1,12 @@
 """Compare two flat {name: tensor} states: max-abs, relative L2 and the first differing index.
 
-Used by every numeric check. ``bitwise`` compares bit patterns (so -0.0 != 0.0, NaN == NaN
-only with the same payload); otherwise values are compared in float64.
+Used by every numeric check. ``bitwise`` compares bit patterns (so -0.0 != 0.0); otherwise
+values are compared in float64. A non-finite value (NaN, +-inf) on either side is a failure of
+its own, whatever the tolerance -- two runs that both diverge do not agree -- unless the
+tolerance says why it allows them (``Tolerance.nonfinite``). The raw storage of a quantized
+tensor (``<name>#<buffer>`` keys other than ``#dequantized``: data, scales, transposes) is
+compared byte for byte only: it holds encoded values and padding (TE pads block scales with
+whatever memory held), so the non-finite rule applies to its decoded values instead.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ class Comparison:
     first_diff: str | None  # e.g. "model.fc1.weight[3, 5]: 0.125 vs 0.1251"
     problems: list[str]  # missing / extra keys, shape or dtype mismatches
 
+    nonfinite: list[str] = None  # "key: N NaN / M inf (actual|expected), first at [i]"
+
     def passes(self, tol: Tolerance) -> bool:
-        if self.problems:
+        if self.problems or (self.nonfinite and not tol.nonfinite):
             return False
         if tol.bitwise:
             return self.n_diff == 0
@@ -35,6 +42,8 @@ class Comparison:
              f"(tol {tol.rel_l2:g}), {self.n_diff}/{self.n_total} elements differ")
         if self.first_diff:
             s += f"; first: {self.first_diff}"
+        if self.nonfinite:
+            s += "; non-finite: " + "; ".join(self.nonfinite[:5])
         if self.problems:
             s += "; " + "; ".join(self.problems[:5])
         return s
@@ -58,8 +67,25 @@ def _index(flat_i: int, shape) -> str:
     return "[" + ", ".join(map(str, reversed(idx))) + "]"
 
 
+def _raw_storage(key: str) -> bool:
+    """A quantized tensor's raw buffer (``x#data``, ``x#local.rowwise_scale_inv``), not a value
+    (``x#dequantized``, TE's decoded ``_extra_state#...`` entries)."""
+    _, sep, part = key.partition("#")
+    return bool(sep) and part != "dequantized" and not key.partition("#")[0].endswith(
+        "_extra_state") and not part.startswith("replicas_diverge")
+
+
+def _nonfinite(key: str, side: str, t: torch.Tensor) -> str | None:
+    bad = ~torch.isfinite(t)
+    if not bool(bad.any()):
+        return None
+    i = int(bad.nonzero()[0])
+    return (f"{key} ({side}): {int(t.isnan().sum())} NaN / {int(t.isinf().sum())} inf, "
+            f"first at flat index {i}")
+
+
 def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> Comparison:
-    problems, max_abs, n_diff, n_total = [], 0.0, 0, 0
+    problems, max_abs, n_diff, n_total, nonfinite = [], 0.0, 0, 0, []
     sq_diff = sq_ref = 0.0
     first = None
     for k in sorted(set(expected) - set(actual)):
@@ -82,6 +108,9 @@ def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
         n_total += a64.numel()
         if a64.numel() == 0:  # e.g. TE's empty _extra_state
             continue
+        if (a.is_floating_point() or e.is_floating_point()) and not _raw_storage(k):
+            nonfinite += [m for m in (_nonfinite(k, "actual", a64), _nonfinite(k, "expected", e64))
+                          if m]
         if a.dtype == e.dtype:
             ab, eb = _bits(a).reshape(a64.numel(), -1), _bits(e).reshape(e64.numel(), -1)
             differs = (ab != eb).any(dim=1)
@@ -106,4 +135,4 @@ def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
     else:
         rel = math.sqrt(sq_diff) / math.sqrt(sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
     return Comparison(max_abs=max_abs, rel_l2=rel, n_diff=n_diff, n_total=n_total,
-                      first_diff=first, problems=problems)
+                      first_diff=first, problems=problems, nonfinite=nonfinite)

@@ -7,7 +7,8 @@ quantized_allgather_parity
     parts; (c) dequantize to exactly the manual gather of each shard's own dequantized values;
     (d) equal the FP32 gather-then-quantize of the optimizer's master weights. (b)-(d) are
     bitwise: the all-gather moves bytes, and a shard quantized with the group's amax is the slice
-    of the whole tensor quantized at once.
+    of the whole tensor quantized at once. (e) ``bytes_on_wire``: what FSDP2's all-gather moved
+    per parameter (``checks/wire.py``) is the quantized bytes, not dequantized values.
 optimizer_state_placement
     every optimizer state tensor of a DTensor parameter is a DTensor on the parameter's mesh with
     the parameter's placements (what DCP needs to reshard it).
@@ -26,6 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from .. import tolerances
 from ..worker.run import full
+from . import wire
 
 
 def _quantized_params(model):
@@ -70,7 +72,7 @@ def quantized_allgather_parity(run, rec) -> None:
                             master=full(master) if whole else None,
                             quantizer=local._quantizer, codec=local._codec)
     gathered_raw, manual_raw, gathered_deq, manual_deq, violations = {}, {}, {}, {}, []
-    with unsharded(model) as params_now:
+    with wire.recording() as moved, unsharded(model) as params_now:
         for name, _ in params:
             u = params_now[name]
             u_local = u._local_tensor if isinstance(u, DTensor) else u
@@ -89,6 +91,7 @@ def quantized_allgather_parity(run, rec) -> None:
                                         name))
             gathered_deq[name] = full(u)
             manual_deq[name] = shards[name]["dequantized"]
+    record_wire(rec, moved, [n for n, _ in params])
     rec.flag("quantized_allgather_parity", "quantized_unshard", not violations,
              "; ".join(violations) or "every unsharded weight is quantized")
     if violations:
@@ -108,6 +111,15 @@ def quantized_allgather_parity(run, rec) -> None:
     if fp32_q:
         rec.compare("quantized_allgather_parity", "vs_fp32_gather_then_quantize", ref, fp32_q,
                     tolerances.BITWISE)
+
+
+def record_wire(rec, moved: dict, quantized: list[str]) -> None:
+    """Rows for the bytes FSDP2 moved: a verdict, and the largest bytes/element (a trace)."""
+    bad = wire.violations(moved, quantized)
+    rec.flag("quantized_allgather_parity", "bytes_on_wire", not bad, "; ".join(bad) or "; ".join(
+        wire.describe(n, moved[n]) for n in quantized if n in moved))
+    worst = max((wire.bytes_per_element(moved[n]) for n in quantized if n in moved), default=0.0)
+    rec.measure("quantized_allgather_parity", "bytes_on_wire", "bytes_per_element", worst)
 
 
 def _whole_tensor_q(s) -> dict:

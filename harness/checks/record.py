@@ -2,6 +2,10 @@
 
 Row outcomes: ``pass`` / ``fail`` (a check's verdict), ``error`` (the check raised; the row
 names the check that was running) and ``info`` (a trace such as the per-step loss, no verdict).
+
+Coverage rows (``metric == "coverage"``, ``quantity == "*"``): one per check and producer of
+the case, outcome ``passed`` / ``failed`` / ``not_run`` (the plugin turns ``failed`` into
+``xfailed`` where the xfail registry explains every failure), detail the reason.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from ..tolerances import Tolerance
 from .compare import Comparison, compare
 
 FAILED = ("fail", "error")
+COVERAGE = "coverage"  # the metric of coverage rows
+COVERAGE_STATUSES = ("passed", "failed", "xfailed", "not_run")
 
 
 class Recorder:
@@ -32,7 +38,8 @@ class Recorder:
         outcome = "pass" if c.passes(tol) else "fail"
         detail = c.describe(tol)
         if tol.bitwise:
-            self._row(check, quantity, "n_diff", c.n_diff + len(c.problems), 0, outcome, detail)
+            self._row(check, quantity, "n_diff", c.n_diff + len(c.problems) + len(c.nonfinite),
+                      0, outcome, detail)
         self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, outcome, detail)
         self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, outcome, detail)
         return c
@@ -41,27 +48,50 @@ class Recorder:
         """A yes/no check (e.g. a placement): value 0 when it holds, 1 when not."""
         self._row(check, quantity, "violations", 0 if ok else 1, 0, "pass" if ok else "fail", detail)
 
+    def measure(self, check: str, quantity: str, metric: str, value: float,
+                detail: str = "") -> None:
+        """A measured value kept in the history (plots, tables), no verdict of its own."""
+        self._row(check, quantity, metric, value, math.nan, "info", detail)
+
+    def status(self, unit: str, status: str, detail: str = "") -> None:
+        """The coverage row of a check or producer: passed / failed / not_run (reason)."""
+        self._row(unit, "*", COVERAGE, math.nan, math.nan, status, detail)
+
+    def note(self, unit: str, quantity: str, detail: str) -> None:
+        """Information attached to a unit, no verdict (e.g. a workaround that was applied)."""
+        self._row(unit, quantity, "note", math.nan, math.nan, "info", detail)
+
+    def failed(self, unit: str) -> list[dict]:
+        return [r for r in self.rows if r["check"] == unit and r["outcome"] in FAILED]
+
     def trace(self, quantity: str, values) -> None:
         """Per-step values kept for goldens and plots (no verdict)."""
         for i, v in enumerate(values):
             self._row("trace", quantity, f"step{i}", v, math.nan, "info")
 
     @contextlib.contextmanager
-    def section(self, check: str):
-        """Attribute an exception raised inside to ``check`` (an ``error`` row), then re-raise."""
+    def section(self, check: str, quantity: str = "error"):
+        """Attribute an exception raised inside to ``check`` (an ``error`` row carrying the
+        traceback), then re-raise."""
         try:
             yield
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # DCP's CheckpointException derives from BaseException
-            last = traceback.format_exception_only(type(e), e)[-1].strip()
-            if type(e).__name__ == "CheckpointException":
-                last = f"CheckpointException on ranks {sorted(e.failures)}: {_first_cause(e)}"
-            self._row(check, "error", "exception", 1, 0, "error", last[:2000])
+            self._row(check, quantity, "exception", 1, 0, "error", describe(e))
+            self.rows[-1]["traceback"] = traceback.format_exc()[-6000:]
             raise
 
     def failures(self) -> list[dict]:
         return [r for r in self.rows if r["outcome"] in FAILED]
+
+
+def describe(e: BaseException) -> str:
+    """One line for an exception (DCP's CheckpointException: the first rank's cause)."""
+    last = traceback.format_exception_only(type(e), e)[-1].strip()
+    if type(e).__name__ == "CheckpointException":
+        last = f"CheckpointException on ranks {sorted(e.failures)}: {_first_cause(e)}"
+    return last[:2000]
 
 
 def _first_cause(e) -> str:
@@ -84,7 +114,12 @@ def merge(per_rank: list[list[dict]]) -> list[dict]:
             worse = cur is None or (bad and not cur_bad) or (bad == cur_bad and _gt(r["value"], cur["value"]))
             if worse:
                 merged[k] = dict(r, rank=rank)
-    return list(merged.values())
+    out = list(merged.values())
+    bad_units = {r["check"] for r in out if r["outcome"] in FAILED}
+    for r in out:  # a unit that ran failed if any rank recorded a failure for it
+        if r["metric"] == COVERAGE and r["outcome"] == "passed" and r["check"] in bad_units:
+            r["outcome"] = "failed"
+    return out
 
 
 def _gt(a: float, b: float) -> bool:

@@ -213,9 +213,9 @@ class TransformerLayer(nn.Module):
         return (("self_attention.", "self_attention.", self.self_attention),
                 ("layernorm_mlp.", "mlp.", self.layernorm_mlp))
 
-    def reset_parameters(self, full: dict) -> None:
+    def reset_parameters(self, full: dict, prefix: str = "") -> None:
         for _, canon, m in self.parts():
-            m.reset_parameters(full, canon)
+            m.reset_parameters(full, prefix + canon)
 
     def quantize_weights(self) -> None:
         for _, _, m in self.parts():
@@ -225,18 +225,20 @@ class TransformerLayer(nn.Module):
         for _, _, m in self.parts():
             m.set_device_mesh()
 
-    def canonical_names(self) -> dict:
+    def canonical_names(self, prefix: str = "", canon_prefix: str = "") -> dict:
         out = {}
-        for prefix, canon, m in self.parts():
-            out.update(m.canonical_names(prefix, canon))
+        for name, canon, m in self.parts():
+            out.update(m.canonical_names(prefix + name, canon_prefix + canon))
         return out
 
     def fsdp_units(self):
         return [self.self_attention, self.layernorm_mlp]
 
 
+from .llama_stack import LlamaStack  # noqa: E402 - built from the modules above
+
 MODULES = {c.__name__: c for c in (Linear, LayerNormLinear, LayerNormMLP, MultiheadAttention,
-                                    TransformerLayer)}
+                                    TransformerLayer, LlamaStack)}
 
 
 def build_meta(kind: str, d: ModelDims, env: Env) -> nn.Module:

@@ -124,7 +124,7 @@ def report(args) -> int:
     if h is None:
         return 2
     reg = args.registry if args.registry is not None else html.default_registry(h)
-    text = html.Report(h, _config(args), reg, title=args.title).render()
+    text = html.render(h, _config(args), reg, title=args.title)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -149,6 +149,10 @@ def drift(args) -> int:
     if h is None:
         return 2
     cfg = _config(args)
+    why = drift_mod.unusable_latest(h) if args.at is None else None
+    if why:  # never judge an older run in place of a corrupt latest one
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     try:
         res = drift_mod.detect(h, cfg, at=args.at)
     except KeyError as e:

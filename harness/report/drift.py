@@ -36,11 +36,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .history import History
+from .history import History, file_date
 
 SERIES_KEY = ["scenario", "backend", "case_id", "check", "quantity", "metric"]
 GROUP_KEY = ["hw"] + SERIES_KEY
@@ -130,6 +131,25 @@ def _reason(growth: bool, frac: bool, v: float, base: float, tol: float, cfg) ->
     if frac:
         out.append(f"crossed {cfg.fraction:g} x tolerance ({v / tol:.2f} of tolerance)")
     return "; ".join(out)
+
+
+def unusable_latest(h: History) -> str | None:
+    """Why the newest history file cannot be judged, or None.
+
+    A history file that cannot be used (corrupt, truncated, a failed page checksum, an unknown
+    schema) and is at least as new as the latest readable run means the latest run is not
+    known: judging the run before it would report on the wrong run and pass. Duplicates of a
+    readable run and non-parquet files do not count."""
+    latest = h.runs["date_ts"].max() if not h.empty else pd.NaT
+    for path, why in h.problems:
+        if Path(path).suffix != ".parquet" or why.startswith("duplicate of run"):
+            continue
+        date = file_date(Path(path))
+        if latest is pd.NaT or date is pd.NaT or pd.isna(latest) or date >= latest:
+            return (f"{path}: {why}; it is at least as new as the latest readable run "
+                    f"({h.latest['run_id'] if not h.empty else 'none'}), so the latest run "
+                    f"cannot be judged (repair or remove the file, or pass --at RUN_ID)")
+    return None
 
 
 def run_groups(h: History, upto: int | None = None) -> pd.DataFrame:

@@ -3,7 +3,10 @@
 Merging runs from several CI machines is copying their files into one directory. Every file is
 validated before it is used; a file that is corrupt, foreign (not written by
 :mod:`harness.results`), of an unknown schema version, or missing required columns is reported
-by name with the reason and skipped -- it never stops a report.
+by name with the reason and skipped -- it never stops a report. Data pages are read with their
+CRC32 checksums verified (results.write_run writes them), so corruption of stored values is
+reported rather than read back as different numbers. Whether the file skipped is the *newest*
+run (:func:`file_date`) matters to drift: see drift.unusable_latest.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ import pyarrow.parquet as pq
 from .. import results
 
 #: schema versions this reader understands (``schema_version`` in the ``harness`` metadata)
-SUPPORTED_VERSIONS = {1}
+SUPPORTED_VERSIONS = {1, 2}  # 2 adds coverage rows (metric "coverage")
 
 _STR, _FLOAT, _INT = "string", "float", "integer"
 #: required columns and their kind (checked on the parquet schema, before reading any row)
-REQUIRED: dict[str, str] = {c: _STR for c in results.ROW_COLUMNS}
+#: columns added after schema 1, filled in when an older file lacks them
+OPTIONAL = {"xfail_entries": ""}
+REQUIRED: dict[str, str] = {c: _STR for c in results.ROW_COLUMNS if c not in OPTIONAL}
 REQUIRED.update(value=_FLOAT, tolerance=_FLOAT, duration_s=_FLOAT, xfail_entry=_INT)
-STRING_COLUMNS = [c for c, k in REQUIRED.items() if k == _STR] + list(results.META_COLUMNS)
+STRING_COLUMNS = ([c for c, k in REQUIRED.items() if k == _STR] + list(OPTIONAL)
+                  + list(results.META_COLUMNS))
 
 #: run-level fields taken from the metadata into ``History.runs``
 RUN_FIELDS = ["run_id", "date", "git_sha", "torch_version", "te_version", "device", "backend",
@@ -107,8 +113,8 @@ def read_run(path: Path) -> tuple[pd.DataFrame, dict]:
         t = schema.field(col).type
         if not _kind_ok(kind, t):
             raise HistoryError(f"column {col!r} has type {t}, expected {kind}")
-    try:
-        df = pq.read_table(path).to_pandas()
+    try:  # page CRCs (results.write_run writes them): a flipped bit fails, never reads back
+        df = pq.read_table(path, page_checksum_verification=True).to_pandas()
     except Exception as e:  # noqa: BLE001 -- truncated / corrupt data pages
         raise HistoryError(f"cannot read rows ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -127,6 +133,13 @@ def _normalize(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
     for c in results.META_COLUMNS:
         if c not in df.columns:
             df[c] = meta.get(c, "")
+    for c, default in OPTIONAL.items():
+        if c not in df.columns:
+            df[c] = default
+    if "xfail_entries" in df.columns:  # schema 1: one entry per case
+        one = df["xfail_entry"].astype(object).where(df["xfail_entry"].notna(), "")
+        df["xfail_entries"] = df["xfail_entries"].where(
+            df["xfail_entries"].astype(str) != "", one.map(lambda x: str(int(x)) if x != "" else ""))
     for c in STRING_COLUMNS:
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
     for c in ("value", "tolerance", "duration_s"):
@@ -148,6 +161,24 @@ def _parse_date(s) -> pd.Timestamp:
 def _run_id_date(run_id: str) -> pd.Timestamp:
     m = re.match(r"(\d{8}T\d{6})", run_id)
     return _parse_date(m.group(1)) if m else pd.NaT
+
+
+def file_date(path: Path) -> pd.Timestamp:
+    """When the run of a (possibly unreadable) history file started: the ``date`` in its
+    metadata if the footer still reads, else the time in a run-id file name, else the file's
+    modification time."""
+    try:
+        date = _parse_date(results.read_meta(path).get("date"))
+    except Exception:  # noqa: BLE001 -- unreadable footer: fall back to the name
+        date = pd.NaT
+    if date is pd.NaT:
+        date = _run_id_date(Path(path).stem)
+    if date is pd.NaT:
+        try:
+            date = pd.Timestamp(Path(path).stat().st_mtime, unit="s", tz="UTC")
+        except OSError:
+            date = pd.NaT
+    return date
 
 
 def load(directory: str | Path) -> History:
@@ -188,7 +219,8 @@ def load(directory: str | Path) -> History:
                         columns=RUN_FIELDS + ["scenarios", "n_cases", "date_ts", "file", "hw",
                                              "meta"])
     if metas:
-        n_cases = {m["run_id"]: int((f["check"] == "case").sum()) for m, f in zip(metas, frames)}
+        n_cases = {m["run_id"]: int(((f["check"] == "case") & (f["metric"] == "duration_s")).sum())
+                   for m, f in zip(metas, frames)}
         runs["n_cases"] = runs["run_id"].map(n_cases)
         runs = runs.sort_values(["date_ts", "run_id"], na_position="first", kind="stable")
         runs = runs.reset_index(drop=True)

@@ -34,6 +34,9 @@ def save(run, path: Path, mode: str, async_group=None):
     if mode == "sync":
         dcp.save(state, checkpoint_id=str(path))
         return None
+    if mode == "async_process":
+        from . import stager
+        stager.wait(timeout_s=run.case.timeout_s)
     return dcp.async_save(state, checkpoint_id=str(path), process_group=async_group,
                           async_checkpointer_type=ASYNC_TYPES[mode])
 

@@ -1,10 +1,15 @@
 """Whole tensors from DTensor shards for the checks, many at once.
 
 Each rank contributes its local piece with the offsets DTensor (and DCP) assign it -- Shard,
-_StridedShard, Replicate alike -- and one object all-gather over the default group moves every
+_StridedShard, Replicate alike -- and one object all-gather over the worker's gloo exchange group moves every
 piece of a batch (gloo on CPU). The harness's own gathers thus stay off the functional
 collectives that FSDP2 / DTensor under test use (one such wait segfaulted under CI load), and a
 whole state dict costs one collective, not one per tensor.
+
+Replicas must agree: where several ranks hold the same region (the HSDP replicate dim, weights
+TP leaves replicated such as norms and biases), every copy must have the same bytes. A region
+whose copies differ is reported under an extra key ``<key>#replicas_diverge(...)`` naming the
+ranks and the first differing index -- a key no reference has, so the comparison fails there.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 _SCALAR = "scalar"
+# The group the gathers run on: the worker sets its gloo exchange group (CPU pickles over gloo;
+# on GPU the default group's object collectives would round-trip through NCCL device tensors).
+GROUP = None
 
 
 class Gather:
@@ -35,7 +43,7 @@ class Gather:
         if not self._items:
             return {}
         pieces = [None] * dist.get_world_size()
-        dist.all_gather_object(pieces, self._items)
+        dist.all_gather_object(pieces, self._items, group=GROUP)
         out = {}
         for key, (shape, _, _, mine) in self._items.items():
             if shape == _SCALAR:
@@ -44,11 +52,28 @@ class Gather:
                 out[key] = vals[0].clone() if same else torch.stack(vals)
                 continue
             full = torch.zeros(shape, dtype=mine.dtype)
-            for p in pieces:
+            holder: dict[tuple, tuple[int, torch.Tensor]] = {}
+            for rank, p in enumerate(pieces):
                 _, offs, szs, loc = p[key]
-                full[tuple(slice(o, o + n) for o, n in zip(offs, szs))] = loc.reshape(szs)
+                loc = loc.reshape(szs)
+                region = (offs, szs)
+                if region in holder and not _bits_equal(holder[region][1], loc):
+                    first, other = holder[region]
+                    out[f"{key}#replicas_diverge(ranks {first} vs {rank} at offset "
+                        f"{list(offs)}: {_first_diff(other, loc)})"] = "diverged"
+                    continue
+                holder.setdefault(region, (rank, loc))
+                full[tuple(slice(o, o + n) for o, n in zip(offs, szs))] = loc
             out[key] = full
         return out
+
+
+def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    ne = (fa.view(torch.uint8).reshape(fa.numel(), -1) !=
+          fb.view(torch.uint8).reshape(fb.numel(), -1)).any(dim=1) if fa.numel() else fa.bool()
+    i = int(ne.nonzero()[0]) if bool(ne.any()) else 0
+    return f"flat index {i}: {fa[i].item():.9g} vs {fb[i].item():.9g}" if fa.numel() else "empty"
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

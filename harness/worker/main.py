@@ -5,17 +5,25 @@ The launcher writes a plan (JSON: tasks, directories, timeouts) and starts
 
 1. writes ``progress/rank{R}.json`` (pid, task, start time) so the launcher's watchdog knows
    which case is running and whom to signal;
-2. runs the phase (worker.phases), collecting result rows;
+2. runs the phase (``worker.runner``: producers and checks in dependency order), collecting
+   result rows;
 3. agrees on the outcome over a separate gloo control group (all_gather_object, bounded), so a
    failure on any rank fails the case everywhere;
 4. rank 0 writes ``results/{task}.json`` atomically (tmp + os.replace).
 
 If the main process group may be out of step after an error (a rank raised between
 collectives), a bounded health check decides whether to go on; if it fails every rank exits and
-the launcher re-launches the remaining tasks.
+the launcher re-launches the remaining tasks. Errors inside a producer or check are result rows
+(the runner isolates them); ``errors`` are only those outside any unit.
 
 SIGUSR1 dumps all threads' Python stacks to ``stacks/rank{R}.txt`` (faulthandler): the launcher
 sends it to a hung case's ranks before killing them.
+
+Each rank is tethered to its torchrun agent (``PR_SET_PDEATHSIG``, harness/procs.py): when the
+agent dies -- killed by the launcher, or by the kernel because pytest died -- the rank is
+SIGKILLed too instead of computing on, reparented to init, holding its GPU memory. A rank's
+async DCP stager process (spawned, so not tethered: its creating thread is short-lived) exits
+when the pipe to its dead rank closes, and the launcher kills whatever is left by its tag.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+_T_MAIN = time.time()  # this module's import: the worker's Python is up (benchmark timeline)
 EXIT_PG_BROKEN = 17  # every rank exits with this when the main group cannot be trusted
 
 
@@ -42,18 +51,20 @@ class Context:
     local_rank: int
     device: object
     device_type: str
-    control: object  # gloo group for agreement, never used for training
+    control: object  # gloo group for agreement between units only, never inside one
+    exchange: object  # gloo group for the harness's own data inside units (gathers, flags)
     async_group: object  # gloo group for async DCP saves' background coordination
     backend: object
     meshes: dict = field(default_factory=dict)
 
-    def mesh(self, spec):
-        """One DeviceMesh per mesh spec for the whole launch (process groups are costly)."""
-        if spec.name not in self.meshes:
+    def mesh(self, spec, names: dict | None = None):
+        """One DeviceMesh per (mesh spec, dim names) for the whole launch (process groups are
+        costly); ``names`` renames the dims for backends that look them up by name."""
+        key = (spec.name, tuple(sorted((names or {}).items())))
+        if key not in self.meshes:
             from .parallel import device_mesh
-            self.meshes[spec.name] = device_mesh(spec, self.device_type,
-                                                 getattr(self.backend, "mesh_names", None))
-        return self.meshes[spec.name]
+            self.meshes[key] = device_mesh(spec, self.device_type, names)
+        return self.meshes[key]
 
 
 def _write_json(path: Path, obj) -> None:
@@ -71,11 +82,12 @@ def _redirect_output(log_dir: Path, rank: int):
     return log
 
 
-def _init(plan: dict):
+def _init(plan: dict, timeline: dict):
     import torch
     import torch.distributed as dist
 
     from .. import backends
+    timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -89,23 +101,22 @@ def _init(plan: dict):
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=plan["control_timeout_s"]))
+    # Inside a unit a rank may be where the others never arrive (one raised): the harness's own
+    # collectives there go over a group of their own, so the control group's agreement after
+    # the unit always pairs up; a timed-out exchange is caught by the health check.
+    exchange = dist.new_group(backend="gloo", timeout=timeout)
     async_group = dist.new_group(backend="gloo", timeout=timeout)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    return Context(rank, world, local_rank, device, device.type, control, async_group,
-                   backends.get(plan["backend"]))
-
-
-def _pg_healthy(ctx, timeout_s: float) -> bool:
-    """All ranks reach one all_reduce on the main group within ``timeout_s`` and agree."""
-    import torch
-    import torch.distributed as dist
-    try:
-        t = torch.ones(1, device=ctx.device)
-        work = dist.all_reduce(t, async_op=True)
-        ok = work.wait(timeout=timedelta(seconds=timeout_s))
-        return bool(ok is not False) and int(t.item()) == ctx.world_size
-    except Exception:
-        return False
+    timeline["process_group"] = time.time()
+    if any(dict(map(tuple, t["case"]["axes"])).get("dcp") == "async_process"
+           for t in plan["tasks"]):
+        from . import stager
+        stager.prestart(async_group)
+    backend = backends.get(plan["backend"])
+    backend.preload()  # the library under test (TE) imports here, not inside the first case
+    timeline["backend"] = time.time()
+    return Context(rank, world, local_rank, device, device.type, control, exchange, async_group,
+                   backend)
 
 
 def _agree(ctx, payload: dict, timeout_s: float):
@@ -120,27 +131,35 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
 
     from ..checks.record import Recorder, merge
     from ..matrix import Case
-    from . import faults, phases
+    from . import faults, runner
 
     case = Case.from_json(task["case"])
     ckpt = Path(task["ckpt_dir"])
     if ctx.rank == 0:
         ckpt.mkdir(parents=True, exist_ok=True)
     dist.barrier(group=ctx.control)
-    rec, error, t0 = Recorder(), None, time.time()
+    rec, error, broken, t0 = Recorder(), None, False, time.time()
     try:
         faults.at_case_start(case, ctx.rank)
-        phases.PHASES[task["phase"]](ctx, case, ckpt, rec)
+        runner.run_phase(ctx, case, task["phase"], ckpt, rec, plan["health_timeout_s"])
+    except runner.GroupBroken as e:
+        broken = True
+        print(f"group broken: {e}", flush=True)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException:  # incl. DCP's CheckpointException (a BaseException)
         error = traceback.format_exc()
         print(error, flush=True)
-    payload = dict(rank=ctx.rank, rows=rec.rows, error=error, seconds=time.time() - t0)
+    for r in rec.rows:  # a failed unit's traceback goes to this rank's log too
+        if r.get("traceback"):
+            print(f"[{r['check']}] {r['traceback']}", flush=True)
+    payload = dict(rank=ctx.rank, rows=rec.rows, error=error, seconds=time.time() - t0,
+                   broken=broken)
     gathered = _agree(ctx, payload, plan["control_timeout_s"])
     errors = {g["rank"]: g["error"] for g in gathered if g["error"]}
     return dict(task=task["name"], case_key=case.key, phase=task["phase"],
                 rows=merge([g["rows"] for g in gathered]), errors=errors,
+                pg_broken=any(g["broken"] for g in gathered),
                 seconds=max(g["seconds"] for g in gathered), world_size=ctx.world_size,
                 started=t0, ended=time.time())
 
@@ -149,6 +168,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.worker")
     ap.add_argument("--plan", required=True)
     args = ap.parse_args(argv)
+    from .. import procs
+    procs.tether(procs.expected_parent())  # die with the torchrun agent
     plan = json.loads(Path(args.plan).read_text())
     root = Path(plan["dir"])
     rank = int(os.environ["RANK"])
@@ -158,7 +179,11 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     progress = root / "progress" / f"rank{rank}.json"
     _write_json(progress, dict(pid=os.getpid(), task=None, state="starting", t=time.time()))
-    ctx = _init(plan)
+    timeline = {"main": _T_MAIN}
+    ctx = _init(plan, timeline)
+    from . import gather
+    gather.GROUP = ctx.exchange
+    from . import runner
     done = set(p.stem for p in (root / "results").glob("*.json"))
     for task in plan["tasks"]:
         if task["name"] in done:
@@ -170,7 +195,8 @@ def main(argv=None) -> int:
         if ctx.rank == 0:
             _write_json(root / "results" / f"{task['name']}.json", result)
         print(f"=== task {task['name']} end ({'error' if result['errors'] else 'ok'})", flush=True)
-        if result["errors"] and not _pg_healthy(ctx, plan["health_timeout_s"]):
+        if result["pg_broken"] or (result["errors"]
+                                   and not runner.healthy(ctx, plan["health_timeout_s"])):
             print("main process group out of step after an error: exiting for a re-launch",
                   flush=True)
             _write_json(progress, dict(pid=os.getpid(), task=None, state="pg_broken", t=time.time()))
@@ -179,4 +205,12 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     dist.barrier(group=ctx.control)
     dist.destroy_process_group()
-    return 0
+    timeline["exit"] = time.time()
+    _write_json(root / "progress" / f"timeline{rank}.json", timeline)
+    # Everything is written: skip the interpreter's teardown (seconds of module and thread
+    # clean-up per rank at every launch's end). The stager process exits when our end of its
+    # pipe closes; the launcher kills whatever of the launch is left anyway.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log.flush()
+    os._exit(0)

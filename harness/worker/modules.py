@@ -1,7 +1,8 @@
 """Small plain-torch modules with the roles of TransformerEngine's.
 
-Each takes and returns [batch, seq, features] tensors, and exposes ``tp_plan()`` for
-``parallelize_module`` (colwise / rowwise) and ``fsdp_units()`` for ``fully_shard``.
+Each takes and returns [batch, seq, features] tensors (LlamaStack: token ids -> logits, see
+``llama_stack.py``), and exposes ``tp_plan()`` for ``parallelize_module`` (colwise / rowwise)
+and ``fsdp_units()`` for ``fully_shard``.
 Parameter names are the harness's canonical names; other backends map theirs onto these.
 """
 
@@ -93,15 +94,18 @@ class TransformerLayer(nn.Module):
         x = x + self.self_attention(x)
         return x + self.mlp(x)
 
-    def tp_plan(self):
-        return {**self.self_attention.tp_plan("self_attention."), **self.mlp.tp_plan("mlp.")}
+    def tp_plan(self, prefix: str = ""):
+        return {**self.self_attention.tp_plan(f"{prefix}self_attention."),
+                **self.mlp.tp_plan(f"{prefix}mlp.")}
 
     def fsdp_units(self):
         return [self.self_attention, self.mlp]
 
 
+from .llama_stack import LlamaStack  # noqa: E402 - built from TransformerLayer above
+
 MODULES = {cls.__name__: cls for cls in (Linear, LayerNormLinear, LayerNormMLP, MultiheadAttention,
-                                          TransformerLayer)}
+                                          TransformerLayer, LlamaStack)}
 
 
 def build(kind: str, dims: ModelDims, seed: int, device="cpu") -> nn.Module:

@@ -55,10 +55,34 @@ def weight_group(mesh: DeviceMesh, spec: MeshSpec):
     return _WEIGHT_GROUPS[spec.name]
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str) -> nn.Module:
+def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str,
+                plan: dict | None = None) -> nn.Module:
+    """TP with ``plan`` (default ``model.tp_plan()``), then ``shard``. Tied parameters stay
+    tied: ``parallelize_module`` distributes each module's parameters on its own, so an alias
+    of a tied parameter would become a second DTensor; it is re-tied to the first."""
     if spec.tp > 1:
-        parallelize_module(model, mesh[TP], model.tp_plan())
+        ties = tied_groups(model)
+        parallelize_module(model, mesh[TP], plan if plan is not None else model.tp_plan())
+        retie(model, ties)
     return shard(model, mesh, spec, recipe)
+
+
+def tied_groups(model: nn.Module) -> list[tuple[str, ...]]:
+    """Names under which one parameter is registered more than once (tied weights), each group
+    in registration order: [("embed.weight", "lm_head.weight")]."""
+    by_param: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(p), []).append(name)
+    return [tuple(names) for names in by_param.values() if len(names) > 1]
+
+
+def retie(model: nn.Module, groups: list[tuple[str, ...]]) -> None:
+    """Register the first name's parameter under every other name of its group."""
+    for first, *aliases in groups:
+        p = model.get_parameter(first)
+        for name in aliases:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner) if owner else model, attr, p)
 
 
 def shard(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str, units=None,

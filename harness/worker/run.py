@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -75,20 +74,17 @@ def is_quantized(t) -> bool:
         (hasattr(t, "full_parts") or hasattr(t, "get_metadata"))
 
 
-RAW_EXCLUDE = ("transpose", "columnwise")  # TE rebuilds these lazily; not part of the saved bytes
-
-
 def raw_buffers(t) -> dict:
-    """A TransformerEngine quantized tensor's own raw buffers (rowwise data, scales, amax)."""
+    """Every raw buffer a TransformerEngine quantized tensor carries (rowwise and columnwise
+    data, transpose caches, scales, amax): ``get_metadata()``'s tensors. A buffer TE builds
+    lazily is absent (None) until built; ``backend.lazy_buffers`` names those the checks may
+    compare after the next step instead (checks/roundtrip.py)."""
     out = {}
+    stale = bool(getattr(t, "_transpose_invalid", False))  # TE marks a stale transpose cache
     for k, v in t.get_metadata().items():
-        if isinstance(v, torch.Tensor) and not any(x in k for x in RAW_EXCLUDE):
+        if isinstance(v, torch.Tensor) and not (stale and "transpose" in k):
             out[k.lstrip("_")] = v.detach().cpu().clone()
     return out
-
-
-def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(out.float(), y.float())
 
 
 class Run:
@@ -96,8 +92,8 @@ class Run:
 
     def __init__(self, ctx, case, mesh_spec: MeshSpec, seed: int):
         self.ctx, self.case, self.spec = ctx, case, mesh_spec
-        self.mesh = ctx.mesh(mesh_spec)
         self.backend = ctx.backend
+        self.mesh = ctx.mesh(mesh_spec, self.backend.mesh_names(case))
         self.model = self.backend.build(case, self.mesh, mesh_spec, seed, ctx.device)
         self.optim = self.backend.optimizer(self.model, case)
 
@@ -105,11 +101,11 @@ class Run:
         """One training step on this rank's slice of global batch ``step``.
         Returns (global mean loss, full grads or None)."""
         c = self.case
-        x, y = data.local_batch(c.ax["module"], c.model, c.train.seed, step, self.spec,
+        x, y = data.local_batch(c.task, c.model, c.train.seed, step, self.spec,
                                 self.ctx.rank, self.ctx.device)
         with self.backend.autocast(c):
             out = self.model(x)
-        loss = mse(out, y)
+        loss = data.TASKS[c.task].loss(out, y)
         loss.backward()
         grads = self._canonical(flatten({n: p.grad for n, p in self.model.named_parameters()},
                                         raw=False)) if capture_grads else None
@@ -119,9 +115,23 @@ class Run:
         dist.all_reduce(total)  # TP ranks hold equal copies of their dp slice's loss
         return float(total) / self.ctx.world_size, grads
 
-    def full_params(self) -> dict[str, torch.Tensor]:
-        """Parameter values (dequantized), under the canonical (plain-torch module) names."""
-        return self._canonical(flatten(dict(self.model.named_parameters()), raw=False))
+    @property
+    def quantized(self) -> bool:
+        return any(is_quantized(getattr(p, "_local_tensor", p)) for p in self.model.parameters())
+
+    def full_params(self, masters: bool = True) -> dict[str, torch.Tensor]:
+        """Parameter values under the canonical (plain-torch module) names: for a quantized
+        parameter the optimizer's fp32 master weight where it keeps one (``masters``), else the
+        parameter (quantized: dequantized)."""
+        params = {}
+        for n, p in self.model.named_parameters():
+            # the master is the truth of a quantized parameter only: an optimizer may keep an
+            # unused (stale) master_param for a full-precision one (TE FusedAdam does)
+            quant = is_quantized(getattr(p, "_local_tensor", p))
+            master = self.optim.state.get(p, {}).get("master_param") if masters and quant \
+                else None
+            params[n] = master if isinstance(master, torch.Tensor) else p
+        return self._canonical(flatten(params, raw=False))
 
     def _canonical(self, d: dict) -> dict:
         names = self.backend.canonical_names(self.model)
@@ -131,18 +141,19 @@ class Run:
         """Model + optimizer state as full (unsharded) CPU tensors, flattened; quantized
         tensors as their raw parts. Plain (non-DTensor) tensors stay as this rank holds them."""
         msd, osd = get_state_dict(self.model, self.optim)
-        return flatten({"model": msd, "optim": osd})
+        return self.backend.canonical_state(flatten({"model": msd, "optim": osd}))
 
 
 def reference_run(case, backend, steps: int, device, lr_scale: float = 1.0):
     """Single-process FP32 run on the whole global batch: losses per step, first-step grads,
-    final params (canonical names)."""
+    initial and final params (canonical names)."""
     model = backend.reference_model(case, case.train.seed, device)
+    initial = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     optim = torch.optim.Adam(model.parameters(), lr=case.train.lr * lr_scale)
     losses, grads = [], None
     for step in range(steps):
-        x, y = data.local_batch(case.ax["module"], case.model, case.train.seed, step, None, 0, device)
-        loss = mse(model(x), y)
+        x, y = data.local_batch(case.task, case.model, case.train.seed, step, None, 0, device)
+        loss = data.TASKS[case.task].loss(model(x), y)
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
@@ -150,4 +161,4 @@ def reference_run(case, backend, steps: int, device, lr_scale: float = 1.0):
         optim.zero_grad(set_to_none=True)
         losses.append(loss.item())
     params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-    return losses, grads, params
+    return losses, grads, initial, params

@@ -38,11 +38,11 @@ def same_parts(a, b):
 
 @pytest.mark.parametrize("recipe", ["delayed", "current", "block", "mxfp8", "nvfp4"])
 def test_roundtrip_error_within_format(recipe):
-    from harness.tolerances import QUANT_FORMATS
+    from harness.checks.export import WEIGHT_ROUNDING
     x, t = q(recipe, (256, 256)) if recipe == "block" else q(recipe)
     assert isinstance(t, FSDPQuantizedTensor) and t.shape == x.shape and t.dtype == torch.float32
     rel = ((t.dequantize() - x).norm() / x.norm()).item()
-    assert rel < QUANT_FORMATS[recipe][2], (recipe, rel)  # RMS error below the format's bound u_w
+    assert rel < WEIGHT_ROUNDING[recipe], (recipe, rel)  # below the format's unit roundoff
 
 
 def test_split_on_block_boundaries_shares_parts():

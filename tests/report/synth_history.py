@@ -19,10 +19,12 @@ def case_id(scenario: str, ax: dict) -> str:
 
 def make_case(ax: dict, outcome: str = "passed", metrics: dict | None = None, *,
               scenario: str = "synth", trace=None, xfail_entry=None, xfail_reason="",
-              skip_reason="", summary=None, status="ok", seconds=1.0) -> dict:
+              skip_reason="", summary=None, status="ok", seconds=1.0,
+              coverage: dict | None = None) -> dict:
     """A case as the plugin hands it to ``results.case_rows``.
 
     ``metrics``: {(check, quantity, metric): value | (value, tolerance[, row_outcome, detail])}.
+    ``coverage``: {check: status | (status, reason)}, the coverage rows (schema 2).
     """
     rows = []
     for (check, qty, metric), v in (metrics or {}).items():
@@ -35,6 +37,7 @@ def make_case(ax: dict, outcome: str = "passed", metrics: dict | None = None, *,
     for i, v in enumerate(trace or []):
         rows.append(dict(phase="train", check="trace", quantity="loss", metric=f"step{i}",
                          value=v, tolerance=float("nan"), outcome="info", detail=""))
+    rows += coverage_rows(coverage or {})
     cid = case_id(scenario, ax)
     return dict(case_id=cid, scenario=scenario, axes=dict(ax), status=status, seconds=seconds,
                 xfail_entry=xfail_entry, xfail_reason=xfail_reason, skip_reason=skip_reason,
@@ -65,6 +68,17 @@ def write_run(report_dir: Path, n: int, cases: list[dict], *, device="cpu", gpu=
     return results.write_run(report_dir, run_id, df, meta)["parquet"]
 
 
+def coverage_rows(coverage: dict) -> list[dict]:
+    """Coverage rows as the worker writes them: metric "coverage", quantity "*", NaN values."""
+    rows = []
+    for check, v in coverage.items():
+        status, detail = v if isinstance(v, tuple) else (v, "")
+        rows.append(dict(phase="", check=check, quantity="*", metric="coverage",
+                         value=float("nan"), tolerance=float("nan"), outcome=status,
+                         detail=detail))
+    return rows
+
+
 @pytest.fixture
 def report_dir(tmp_path) -> Path:
     d = tmp_path / "reports"
@@ -84,11 +98,12 @@ DRIFT_RUN, CROSS_RUN, LAST_RUN = 5, 6, 7
 
 
 def drifting_history(report_dir: Path, runs: int = LAST_RUN + 1, drift: bool = True,
-                     extra_last: list | None = None, **last_kw) -> list[str]:
+                     extra_last: list | None = None, last_coverage=None, **last_kw) -> list[str]:
     """8 runs: A steady; B's rel_l2 jumps 10x at run 5; C's max_abs crosses 0.5 x tolerance at
     run 6 (3x growth, below the growth factor); D appears at run 7, E disappears at run 7.
     ``drift=False``: everything steady. ``extra_last`` cases (and ``last_kw`` write_run
-    arguments) go into the last run."""
+    arguments) go into the last run; ``last_coverage(case) -> {check: status}`` adds coverage
+    rows to the cases of the last run."""
     ids = []
     for n in range(runs):
         b = 1e-5 if drift and n >= DRIFT_RUN else 1e-6
@@ -105,6 +120,8 @@ def drifting_history(report_dir: Path, runs: int = LAST_RUN + 1, drift: bool = T
         last = n == runs - 1
         if last:
             cases += extra_last or []
+            for c in cases if last_coverage else []:
+                c["rows"] = c["rows"] + coverage_rows(last_coverage(c))
         ids.append(write_run(report_dir, n, cases, **(last_kw if last else {})).stem)
     return ids
 
@@ -116,17 +133,45 @@ entries:
     reason: TP params lose their DTensor placement on load
     link: https://example.org/issue/1
   - match: {scenario: synth, module: MultiheadAttention}
+    fails: {check: fp32_parity}
     reason: claims a failure that no longer happens
   - match: {scenario: synth, module: TransformerLayer}
+    fails: {check: fp32_parity}
     reason: matches nothing any more
   - match: {scenario: synth, backend: te}
+    fails: {check: fp32_parity}
     reason: a scenario / backend never run in this history
 """
 FIX_AX = dict(recipe="fp32", mesh="dp2xtp2", module="Linear", dcp="sync", reshard="to_dp4")
 
 
-def rich_history(report_dir: Path) -> Path:
-    """drifting_history + every outcome, a fix-verification scenario, a registry, a bad file.
+NOT_LOADED = "not run: needs the dcp load, which failed: CheckpointException: rank 1 missing"
+NO_TARGET = "not run: reshard=none (no target mesh)"
+
+
+def synth_coverage(case: dict) -> dict:
+    """The coverage rows of a case of rich_history's last run. Holes: reshard never runs in
+    scenario synth (reshard=none), weights_only_load never runs with recipe bf16 (its dcp load
+    fails); with fp32 it ran once. The "case" unit has a coverage row too, like the worker's."""
+    ax, out = case["axes"], case["outcome"]
+    if out == "skipped":
+        return {}  # never launched: no coverage rows
+    parity = "failed" if out == "failed" else "passed"
+    cov = {"case": "passed", "fp32_parity": parity, "dcp_roundtrip": "passed",
+           "reshard": ("not_run", NO_TARGET) if ax["reshard"] == "none" else "passed"}
+    if case["scenario"] == "synth":
+        ran = ax["recipe"] == "fp32" and ax["module"] == "Linear"
+        cov["weights_only_load"] = "passed" if ran else ("not_run", NOT_LOADED)
+    elif ax.get("fixes") == "no_tp_dtensor_params":
+        cov["reshard"] = ("xfailed", "xfail entry 1")
+    elif ax.get("fixes") == "no_weights_only_pickle":
+        cov["weights_only_load"] = ("failed", "UnpicklingError: weights only")
+    return cov
+
+
+def rich_history(report_dir: Path, coverage: bool = True) -> Path:
+    """drifting_history + every outcome, a fix-verification scenario, a registry, a bad file;
+    coverage rows in the last run (``coverage=False``: none, as before schema 2).
     Returns the registry path."""
     reg = report_dir / "xfails.yaml"
     reg.write_text(REGISTRY)
@@ -157,6 +202,7 @@ def rich_history(report_dir: Path) -> Path:
             scenario="fixver", status="error"),
     ]
     drifting_history(report_dir, extra_last=extra + fixes, registry=reg,
-                     scenarios=["synth", "fixver"])
+                     scenarios=["synth", "fixver"],
+                     last_coverage=synth_coverage if coverage else None)
     (report_dir / "history" / "broken.parquet").write_bytes(b"not parquet at all")
     return reg

@@ -38,10 +38,16 @@ def test_report_sections(rendered):
     assert "<script" not in text and "<link" not in text and "@import" not in text
     assert not re.search(r"""src=["']?(https?:)?//""", text)
     assert "url(" not in text
-    srcs = re.findall(r'<img [^>]*src="([^"]*)"', text)
-    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
-    # every internal link has its target
-    ids = set(re.findall(r'id="([^"]+)"', text))
+    # figures are inline SVG: nothing to fetch, every reference inside a figure is local
+    assert "<img" not in text
+    svgs = re.findall(r"<svg\b.*?</svg>", text, flags=re.S)
+    assert 0 < len(svgs) == text.count("<figure>")  # one per figure
+    for svg in svgs:
+        assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', svg))
+    # every internal link has its target, and no id is used twice (not even inside figures)
+    all_ids = re.findall(r'\sid="([^"]+)"', text)
+    ids = set(all_ids)
+    assert len(all_ids) == len(ids), [i for i in ids if all_ids.count(i) > 1]
     targets = set(re.findall(r'href="#([^"]+)"', text))
     assert targets and targets <= ids, targets - ids
     # matrix: every outcome colour, cells link to details
@@ -118,7 +124,8 @@ def test_report_renders_in_chromium(rendered, tmp_path):
     shot = tmp_path / "report_screenshot.png"
     dom, err = _chromium(out, tmp_path, shot)
     assert _console(err) == []
-    assert 'class="matrix"' in dom and "<img" in dom and 'id="drift"' in dom
+    assert 'class="matrix"' in dom and "<svg" in dom and 'id="drift"' in dom
+    assert 'class="cell hole"' in dom and 'id="coverage"' in dom
     assert shot.is_file() and shot.stat().st_size > 10_000
     dest = os.environ.get("HARNESS_SCREENSHOT_DIR")
     if dest:
@@ -138,3 +145,17 @@ def test_report_and_drift_without_metrics(report_dir, capsys):
     assert "No toleranced metrics" in text and "removed case" in text
     assert main(["drift", "--history", str(report_dir / "history"), "--fail-on-drift"]) == 0
     assert "0 flagged" in capsys.readouterr().out
+
+
+def test_report_escapes_history_text(report_dir):
+    """Text from the history (reasons, details) is escaped: the page shows it, never runs it."""
+    from synth_history import A, B, make_case, write_run
+    evil = '<script>alert("x")</script> & <b>bold</b>'
+    write_run(report_dir, 0, [make_case(A, "skipped", skip_reason=evil),
+                              make_case(B, "failed", {("fp32_parity", "loss", "max_abs"):
+                                                      (1.0, 1e-4, "fail", evil)},
+                                        coverage={"fp32_parity": ("failed", evil)})])
+    text = html.render(history.load(report_dir / "history"))
+    assert "<script" not in text and "<b>bold</b>" not in text
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in text
+    assert 'title="&lt;script&gt;' in text  # the coverage tooltip too

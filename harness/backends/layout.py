@@ -1,0 +1,139 @@
+"""Can a blocked quantized format shard this case's weights on its meshes? Decided at collection.
+
+Blocked formats scale blocks of a weight together: FP8 block scaling 128x128 blocks, MXFP8 32
+elements (rowwise 1x32 and columnwise 32x1 copies), NVFP4 16. A shard boundary inside a block
+would need one block scale across two ranks, so FSDP2's row shards (and TP's row / column
+shards) must be multiples of the block size. The reference backend raises QuantizedLayoutError
+deep inside FSDP2's ``fully_shard`` when they are not; TE falls back to high-precision
+all-gathers or asserts. :func:`skip_reason` says so before any launch, naming the weight, the
+mesh, the rows (or columns) per shard and the block size -- for the case's mesh and its reshard
+target.
+
+How a mesh cuts a weight [rows x cols] (harness/worker/parallel.py, reference/modules.py):
+TP first (column-parallel weights by rows, row-parallel ones by columns, ``tp`` pieces), then
+FSDP2 chunks the TP-local rows over the shard dim (``ceil(rows / shard)`` rows per rank; HSDP's
+replicate dim does not cut).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..mesh import MeshSpec
+
+
+@dataclass(frozen=True)
+class Weight:
+    name: str
+    rows: int
+    cols: int
+    tp: str  # "column" (TP splits rows), "row" (TP splits columns) or "replicate"
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A format's block size along each dim of a weight, and whether the whole weight must be
+    a multiple of it (TE allocates whole blocks only; the reference pads the last block)."""
+    label: str  # e.g. "MXFP8 (32-element blocks)"
+    rows: int
+    cols: int
+    whole: bool = False
+
+
+def cut_problem(w: Weight, mesh: MeshSpec, b: Blocks) -> str | None:
+    """How ``mesh`` cuts ``w`` inside its blocks ("64 rows per FSDP2 shard cut its 128-row
+    blocks"), or None."""
+    rows, cols = w.rows, w.cols
+    if b.whole and (rows % b.rows or cols % b.cols):
+        return f"[{rows} x {cols}] is not a whole number of {b.rows} x {b.cols} blocks"
+    if mesh.tp > 1 and w.tp == "column":
+        rows //= mesh.tp
+        if rows % b.rows:
+            return f"{rows} rows per TP shard cut its {b.rows}-row blocks"
+    if mesh.tp > 1 and w.tp == "row":
+        cols //= mesh.tp
+        if cols % b.cols:
+            return f"{cols} columns per TP shard cut its {b.cols}-column blocks"
+    if mesh.shard > 1:
+        per = -(-rows // mesh.shard)
+        if per < rows and per % b.rows:
+            return f"{per} rows per FSDP2 shard cut its {b.rows}-row blocks"
+    return None
+
+
+def skip_reason(case, weights: list[Weight], blocks: Blocks | None) -> str | None:
+    """The first weight of ``case`` its mesh (or reshard target) cannot shard, as a skip
+    reason; None when every cut falls on a block boundary (or the recipe has no blocks)."""
+    if blocks is None:
+        return None
+    meshes = [(case.mesh, "mesh")] + ([(case.target, "reshard target")] if case.target else [])
+    for mesh, role in meshes:
+        for w in weights:
+            why = cut_problem(w, mesh, blocks)
+            if why:
+                return (f"{blocks.label}: weight {w.name} [{w.rows} x {w.cols}] on {role} "
+                        f"{mesh.name}: {why}; shards must be whole blocks (model dims that are "
+                        f"multiples of shards x block size)")
+    return None
+
+
+# --- reference backend: its modules' GEMM weights, its codecs' block factors --------------
+def reference_weights(module: str, dims) -> list[Weight]:
+    """The quantized (GEMM) weights of a reference module, as ``modules.py`` declares them."""
+    from ..reference import modules as ref
+    layer = [("self_attention.", ref.MultiheadAttention), ("layernorm_mlp.", ref.LayerNormMLP)]
+    if module == "LlamaStack":  # every layer alike; the embedding and tied head stay unquantized
+        parts = [(f"layers.0.{p}", cls) for p, cls in layer]
+    else:
+        parts = layer if module == "TransformerLayer" else [("", ref.MODULES[module])]
+    out = []
+    for prefix, cls in parts:
+        for w_name, _ in cls.GEMMS.values():
+            _, kind, shape = cls.PARAMS[w_name]
+            rows, cols = shape(dims)
+            out.append(Weight(prefix + w_name, rows, cols, kind))
+    return out
+
+
+def reference_blocks(recipe: str) -> Blocks | None:
+    """Block sizes of the reference weight codec of ``recipe`` (lcm of its parts' factors)."""
+    from ..reference.quantizers import WEIGHT_CODEC
+    codec = WEIGHT_CODEC.get(recipe)
+    if codec is None:
+        return None
+    factors = [f for f in codec.factors.values() if f is not None]
+    rows, cols = (math.lcm(*(f[d] for f in factors)) for d in (0, 1))
+    if rows == cols == 1:
+        return None
+    return Blocks(f"{recipe} ({rows} x {cols} weight blocks)", rows, cols)
+
+
+# --- te backend: TE's modules and documented block requirements (conservative) ------------
+#: TE weights per module (as built in te_backend.make: fused QKV, input layernorm)
+TE_WEIGHTS = {
+    "Linear": lambda d: [Weight("weight", d.out_features, d.hidden, "column")],
+    "LayerNormLinear": lambda d: [Weight("weight", d.out_features, d.hidden, "column")],
+    "LayerNormMLP": lambda d: [Weight("fc1_weight", d.ffn, d.hidden, "column"),
+                               Weight("fc2_weight", d.hidden, d.ffn, "row")],
+    "MultiheadAttention": lambda d: [Weight("layernorm_qkv.weight", 3 * d.hidden, d.hidden,
+                                            "column"),
+                                     Weight("proj.weight", d.hidden, d.hidden, "row")],
+}
+TE_WEIGHTS["TransformerLayer"] = lambda d: (
+    [Weight("self_attention." + w.name, w.rows, w.cols, w.tp)
+     for w in TE_WEIGHTS["MultiheadAttention"](d)]
+    + [Weight("layernorm_mlp." + w.name, w.rows, w.cols, w.tp)
+       for w in TE_WEIGHTS["LayerNormMLP"](d)])
+TE_WEIGHTS["LlamaStack"] = lambda d: [  # every layer alike; embedding and tied head unquantized
+    Weight("layers.0." + w.name, w.rows, w.cols, w.tp) for w in TE_WEIGHTS["TransformerLayer"](d)]
+#: Float8BlockwiseQTensor: 128x128 weight blocks, FSDP2 shards in whole blocks of 128 rows;
+#: MXFP8Tensor: dims divisible by 32 (make_empty asserts it; a split that is not a multiple of
+#: 32 rows falls back to a high-precision all-gather); NVFP4: 16-element blocks, the same way.
+TE_BLOCKS = {"block": Blocks("Float8BlockScaling (128 x 128 weight blocks)", 128, 128, True),
+             "mxfp8": Blocks("MXFP8BlockScaling (32-element blocks)", 32, 32, True),
+             "nvfp4": Blocks("NVFP4BlockScaling (16-element blocks)", 16, 16, True)}
+
+
+def te_weights(module: str, dims) -> list[Weight]:
+    return TE_WEIGHTS[module](dims)

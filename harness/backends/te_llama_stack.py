@@ -1,0 +1,69 @@
+"""The te backend's LlamaStack: TransformerEngine layers in the shape of TE PR #2713's Llama3
+recipe (bionemo-recipes).
+
+    embed (torch.nn.Embedding) -> layers (N x te.TransformerLayer, LayerNorm, causal) ->
+    norm (te.LayerNorm) -> lm_head (te.Linear, no bias, weight tied to the embedding) -> logits
+
+The embedding and the tied head stay high precision: the head is built outside
+``te.quantized_model_init`` and runs under ``te.autocast(enabled=False)``; only the decoder
+layers are quantized. The head's ``weight`` is the embedding's parameter object.
+
+TE's ``reset_parameters`` re-registers the head's weight as a new parameter (module_setattr):
+the backend re-ties it after (``parallel.retie``). With a TP mesh (needs TE's
+``set_device_mesh``, PR #2713; the backend skips TP cases without it): DTensor TP on the embedding (``RowwiseParallel``: vocabulary rows ``Shard(0)``), TE TP in
+the layers (``set_parallel_mode`` + ``set_device_mesh``) and on the head (``parallel_mode=
+"column"`` over the vocabulary: its local weight is the embedding's local ``Shard(0)`` rows, so
+no ``set_device_mesh`` for the head, as the PR says), the head's vocabulary-sharded logits
+gathered over TP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TELlamaStack(nn.Module):
+    def __init__(self, te, d, device, tp_mesh=None):
+        super().__init__()
+        self.tp_mesh = tp_mesh
+        common = dict(params_dtype=torch.float32, device=device)
+        tp = {}
+        if tp_mesh is not None:
+            tp = dict(tp_group=tp_mesh.get_group(), tp_size=tp_mesh.size())
+        self.embed = nn.Embedding(d.vocab, d.hidden, device=device)
+        # bias=False: see TEBackend.make (a key bias has an identically-zero gradient)
+        self.layers = nn.ModuleList(
+            te.TransformerLayer(d.hidden, d.ffn, d.heads, hidden_dropout=0.0,
+                                attention_dropout=0.0, fuse_qkv_params=True, bias=False,
+                                attn_input_format="bshd", self_attn_mask_type="causal",
+                                **({"set_parallel_mode": True, **tp} if tp else {}), **common)
+            for _ in range(d.layers))
+        self.norm = te.LayerNorm(d.hidden, **common)
+        with te.quantized_model_init(enabled=False):  # the tied head stays high precision
+            self.lm_head = te.Linear(d.hidden, d.vocab, bias=False,
+                                     **({"parallel_mode": "column", **tp} if tp else {}), **common)
+        if tp_mesh is not None:
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+            parallelize_module(self.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+            for layer in self.layers:
+                layer.set_device_mesh(tp_mesh=tp_mesh)
+        self.lm_head.weight = self.embed.weight  # tied (a DTensor Shard(0) with TP)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        from .te_backend import _import
+        te, _, _ = _import()
+        with te.autocast(enabled=False):  # the head (and final norm) stay high precision
+            logits = self.lm_head(self.norm(h))
+        if self.tp_mesh is None:
+            return logits
+        from torch.distributed.tensor import DTensor, Shard
+        return DTensor.from_local(logits, self.tp_mesh, [Shard(logits.dim() - 1)],
+                                  run_check=False).full_tensor()
+
+    def fsdp_units(self):
+        return list(self.layers)

@@ -1,0 +1,97 @@
+"""``python -m harness calibrate``: regenerate ``measured.csv`` from calibration runs.
+
+    python -m harness calibrate --run            # run the calibration scenario on CPU first
+    python -m harness calibrate --history DIR    # also read these histories (e.g. GPU runs)
+
+It reads every history file of the ``calibration`` scenario in the given directories (default:
+``reports/calibration/*/history`` -- committed calibration runs, CPU and GPU -- and
+``reports/history``), derives the measured errors (``derive.py``), writes
+``harness/calibration/measured.csv`` and prints the resulting tolerance table (the README's).
+``--run`` writes its runs to ``reports/calibration/cpu/`` (replacing what was there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from . import MEASURED, derive, write
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", action="store_true",
+                   help="first run `pytest --scenario calibration` on the reference and torch "
+                        "backends (CPU, several minutes)")
+    p.add_argument("--history", action="append", default=None, metavar="DIR",
+                   help="history directory to read (repeatable; default: reports/history and "
+                        "reports/gpu/*/history)")
+    p.add_argument("--out", default=str(MEASURED), metavar="FILE",
+                   help="where to write the measurements (default: the package's measured.csv)")
+
+
+def _run_scenario(report_dir: Path) -> None:
+    for backend in ("reference", "torch"):
+        argv = [sys.executable, "-m", "pytest", "--scenario", "calibration", "--backend",
+                backend, "--report-dir", str(report_dir), "-q", "-p", "no:cacheprovider"]
+        print("running:", " ".join(argv), flush=True)
+        subprocess.run(argv, check=False, timeout=3600)
+
+
+def _frames(dirs: list[Path]) -> pd.DataFrame:
+    frames = []
+    for d in dirs:
+        for f in sorted(Path(d).glob("*.parquet")):
+            try:
+                df = pd.read_parquet(f)
+            except Exception as e:  # noqa: BLE001 - a broken file is skipped with a reason
+                print(f"skipped {f}: {e}", file=sys.stderr)
+                continue
+            if "scenario" in df and (df["scenario"] == "calibration").any():
+                frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def run(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in (args.history or [])]
+    if not args.history:
+        dirs = [*sorted(Path("reports/calibration").glob("*/history")), Path("reports/history")]
+    if args.run:
+        out = Path("reports/calibration/cpu")
+        shutil.rmtree(out, ignore_errors=True)
+        _run_scenario(out)
+        if out / "history" not in dirs:
+            dirs.append(out / "history")
+    df = _frames(dirs)
+    if df.empty:
+        print(f"no calibration runs in {', '.join(map(str, dirs))}: run `python -m harness "
+              f"calibrate --run` (or pytest --scenario calibration)", file=sys.stderr)
+        return 2
+    rows = derive.measured(df)
+    if not rows:
+        print("the calibration runs hold no measured errors (did every case crash?)",
+              file=sys.stderr)
+        return 1
+    write(rows, Path(args.out))
+    print(f"wrote {args.out}: {len(rows)} measurements from "
+          f"{df['run_id'].nunique()} run(s), {df['case_id'].nunique()} cases")
+    print(markdown_table(Path(args.out)))
+    return 0
+
+
+def markdown_table(path: Path = MEASURED) -> str:
+    """The README's tolerance table: measured p99, factor, tolerance (max_abs / rel-L2)."""
+    from .. import calibration, tolerances
+    measured = calibration.load(path)
+    lines = ["| check / quantity | recipe | loss | n | measured p99 max-abs / rel-L2 | factor | "
+             "tolerance max-abs / rel-L2 |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c, q, r, loss in sorted({k[:4] for k in measured}):
+        t = tolerances.lookup(c, q, r, measured=measured, loss=loss)
+        a, rl = measured[(c, q, r, loss, "max_abs")], measured[(c, q, r, loss, "rel_l2")]
+        lines.append(f"| {c} {q} | {r} | {loss} | {rl['n']} | {a['p99']:.2g} / {rl['p99']:.2g} "
+                     f"| {tolerances.FACTOR:g} | {t.max_abs:.2g} / {t.rel_l2:.2g} |")
+    return "\n".join(lines)

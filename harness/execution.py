@@ -1,0 +1,57 @@
+"""How this process runs its cases: a work dir for checkpoints, the :class:`Launcher` (torchrun
+jobs) and the :class:`Scheduler` (which tasks go in which launch)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from . import options
+from .launcher import Launcher
+from .matrix import Case
+from .scheduler import Scheduler
+
+
+def scope_of(case: Case) -> str:
+    """The cases one xdist worker runs together (they share launches): same world sizes."""
+    return "w" + "to".join(map(str, case.world_sizes))
+
+
+class Execution:
+    """The ``work`` dir, the ``launcher`` and the ``scheduler`` of this process's runnable
+    cases (the work dir is made first, so that :meth:`cleanup` removes it whatever happens
+    after)."""
+
+    def __init__(self, run_id: str, work_dir: str | None):
+        if work_dir:
+            Path(work_dir).mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix=f"harness-{run_id}-",
+                                          dir=work_dir or options.default_work_parent()))
+        self.launcher: Launcher | None = None
+        self.scheduler: Scheduler | None = None
+
+    def start(self, cases: list[Case], *, launches_dir: Path, backend: str, device: str,
+              gpus: list[str], nnodes: int, rdzv_endpoint: str | None,
+              node_launcher: str | None, per_scope: bool, on_launch: Callable,
+              launches_per_gpu: int = 3) -> None:
+        """The launcher and scheduler; ``per_scope``: one scheduling scope per world size
+        (xdist workers), else one for all; ``on_launch`` gets each launch's record. On cuda
+        each GPU slice takes ``launches_per_gpu`` launches at once; on a small CPU box one
+        launch runs at a time (overlapping launches would only fight over the cores)."""
+        self.launcher = Launcher(launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
+                                 rdzv_endpoint=rdzv_endpoint,
+                                 node_launcher=shlex.split(node_launcher) if node_launcher
+                                 else None, launches_per_gpu=launches_per_gpu)
+        self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
+                                   scope_of=scope_of if per_scope else (lambda c: "all"),
+                                   concurrency=None if device == "cuda"
+                                   else max(1, (os.cpu_count() or 1) // 4))
+        self.scheduler.on_launch.append(on_launch)
+
+    def cleanup(self, keep_work: bool) -> None:
+        if not keep_work:
+            shutil.rmtree(self.work, ignore_errors=True)

@@ -1,0 +1,138 @@
+"""Reading one launch's directory (``reports/runs/<run>/launches/L###``): what the ranks wrote
+there -- progress (pid, running task), results, timelines, logs and stacks -- and the plan.
+
+    plan.json             tasks, directories, timeouts (written by the launcher)
+    progress/rank{R}.json pid, task being run, state     progress/timeline{R}.json  phases
+    results/{task}.json   the task's merged rows (rank 0, atomic)
+    logs/rank{R}.log      stdout + stderr, "=== task T start/end" markers
+    stacks/rank{R}.txt    faulthandler dumps (SIGUSR1, sent to a hung task's ranks)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .tasks import TaskResult
+
+LOG_TAIL = 6000
+
+
+def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeout_s: float) -> Path:
+    case_timeout = max(t.case.timeout_s for t in tasks)
+    plan = dict(dir=str(d), backend=backend, device=device,
+                collective_timeout_s=min(collective_timeout_s, case_timeout / 2),
+                control_timeout_s=case_timeout, health_timeout_s=15.0,
+                tasks=[t.to_json() for t in tasks])
+    plan_path = d / "plan.json"
+    plan_path.write_text(json.dumps(plan, indent=1))
+    return plan_path
+
+
+def current(d: Path):
+    """(task, start time, pids) of the task the ranks are running, or None."""
+    progress = []
+    for p in (d / "progress").glob("rank*.json"):
+        try:
+            progress.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    done = {p.stem for p in (d / "results").glob("*.json")}
+    running = [p for p in progress if p.get("task") and p["task"] not in done]
+    if not running:
+        return None
+    first = min(running, key=lambda p: p["t"])
+    return first["task"], first["t"], [p["pid"] for p in progress if p.get("pid")]
+
+def collect(d: Path, launch: str, by_name: dict) -> dict[str, TaskResult]:
+    out = {}
+    for name, r in results(d).items():
+        if name not in by_name:
+            continue
+        errors = {int(k): v for k, v in r["errors"].items()}
+        out[name] = TaskResult(name=name, status="error" if errors else "ok", rows=r["rows"],
+                               errors=errors, seconds=r["seconds"], launch=launch,
+                               logs=task_logs(d, name) if errors else {},
+                               started=r.get("started", 0.0), ended=r.get("ended", 0.0))
+    return out
+
+
+def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
+    """Seconds of the launch's phases, from the ranks' timelines (the slowest rank)."""
+    lines = []
+    for p in (d / "progress").glob("timeline*.json"):
+        try:
+            lines.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    out = {}
+    if lines and all({"main", "imports", "process_group", "backend"} <= set(t) for t in lines):
+        out["process_start"] = max(t["main"] for t in lines) - start
+        for a, b in (("main", "imports"), ("imports", "process_group"),
+                     ("process_group", "backend")):
+            out[b] = max(t[b] - t[a] for t in lines)
+        ready = max(t["backend"] for t in lines)
+        if starts:
+            out["first_task_wait"] = max(0.0, min(starts) - ready)
+    if ends:
+        out["teardown"] = end - max(ends)
+    return out
+
+
+def results(d: Path) -> dict:
+    out = {}
+    for p in (d / "results").glob("*.json"):
+        try:
+            out[p.stem] = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def progress_pids(d: Path) -> list[int]:
+    """Pids the ranks wrote into ``progress/rank*.json``."""
+    out = []
+    for p in (d / "progress").glob("rank*.json"):
+        try:
+            pid = json.loads(p.read_text()).get("pid")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(pid, int):
+            out.append(pid)
+    return out
+
+
+def tail(path: Path, n: int = LOG_TAIL) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-n:]
+
+
+def read_stacks(d: Path) -> str:
+    parts = []
+    for p in sorted((d / "stacks").glob("rank*.txt")):
+        text = p.read_text(errors="replace").strip()
+        if text:
+            parts.append(f"--- {p.stem} ---\n{text[-LOG_TAIL:]}")
+    return "\n".join(parts)
+
+
+def task_logs(d: Path, task: str) -> dict:
+    """Each rank's log lines between this task's start and end markers."""
+    out = {}
+    start, end = f"=== task {task} start", f"=== task {task} end"
+    for p in sorted((d / "logs").glob("rank*.log")):
+        text = p.read_text(errors="replace")
+        i = text.rfind(start)
+        if i < 0:
+            continue
+        j = text.find(end, i)
+        section = text[i:] if j < 0 else text[i:j + len(end)]
+        out[int(p.stem[4:])] = section[-LOG_TAIL:]
+    return out
+
+
+def all_logs(d: Path) -> dict:
+    return {int(p.stem[4:]): tail(p) for p in sorted((d / "logs").glob("rank*.log"))}

@@ -1,0 +1,125 @@
+"""Fixes and mutants in one table: does each check still catch the bug it exists for?
+
+Two switches make a known bug come back: the reference backend's ``fixes: no_<fix>`` (our own
+copy of a TE fix switched off) and the te backend's ``mutation: no_<fix>`` (the installed TE
+patched at run time, ``backends/te_mutations.py``). For every such case this pairs it with the
+same coordinates with the bug absent (``fixes: all`` / ``mutation: none``) and says:
+
+* caught   -- a check failed that does not fail in the clean case (the checks are listed). A
+              failure counts only when it is new: its (phase, check, quantity) passes in the
+              clean case, or, for an error, its message differs from the clean case's;
+* masked   -- every failure is one the clean case has too (a known failure, e.g. TE's
+              DelayedScaling ``_extra_state`` load) and measured values differ: the bug changed
+              the run, but only checks that already fail could have seen it -- the known
+              failure blinds the harness on these coordinates;
+* survived -- nothing failed, but measured values differ from the clean case's: the bug
+              changed the run and no check saw it (a blind check);
+* ineffective -- no new failure and every measured value equals the clean case's: the mutant
+              changed nothing measurable on these coordinates (evidence: how many values).
+
+The mutation score of a backend (and TE version) is caught / (caught + masked + survived).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+
+SWITCHES = {"fixes": "all", "mutation": "none"}  # axis -> value meaning "no bug injected"
+FAILED = ("fail", "error")
+
+
+def _values(rows) -> dict:
+    """Measured values of a case (not its timings: those differ from run to run anyway)."""
+    out = {}
+    for r in rows:
+        if r.get("outcome") in ("pass", "fail", "info") and r.get("metric") not in (
+                "coverage", "note", "seconds") and r.get("quantity") != "time":
+            v = r.get("value")
+            if isinstance(v, float) and math.isnan(v):
+                continue
+            out[(r.get("phase"), r["check"], r["quantity"], r["metric"])] = v
+    return out
+
+
+def _failures(rows) -> dict:
+    """(phase, check, quantity) -> messages of the failed rows there. Only an error's first
+    line is kept, its numbers blanked: a numeric failure's text carries the measured numbers,
+    and an error's sizes (a pickled ``_extra_state`` of 42828 vs 42836 bytes) move with any
+    change of values -- a bug is caught by a new kind of failure, not by new numbers."""
+    out: dict = defaultdict(set)
+    for r in rows:
+        if r.get("outcome") in FAILED:
+            text = str(r.get("detail", "")) if r.get("outcome") == "error" else ""
+            lines = text.strip().splitlines()
+            first = re.sub(r"\d+", "N", lines[0]) if lines else ""
+            out[(r.get("phase"), r["check"], r["quantity"])].add(first)
+    return out
+
+
+def _new_failures(mine: dict, theirs: dict) -> list:
+    return [k for k, msgs in mine.items() if k not in theirs or not msgs <= theirs[k]]
+
+
+def table(cases: list[dict]) -> list[dict]:
+    """``cases``: dicts with scenario, backend, axes (dict), outcome, rows, case_id.
+    Returns one row per bug-injected case."""
+    clean, injected = {}, []
+    for c in cases:
+        ax = c["axes"]
+        for axis, off in SWITCHES.items():
+            if axis not in ax:
+                continue
+            key = (c["scenario"], c["backend"], axis,
+                   tuple(sorted((k, v) for k, v in ax.items() if k != axis)))
+            if ax[axis] == off:
+                clean[key] = c
+            elif ax[axis].startswith("no_"):
+                injected.append((key, axis, c))
+    out = []
+    for key, axis, c in injected:
+        rows, base = c.get("rows", []), clean.get(key)
+        fails = _failures(rows)
+        new = _new_failures(fails, _failures(base.get("rows", [])) if base else {})
+        mine, theirs = _values(rows), _values(base.get("rows", []) if base else [])
+        differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+        failed = sorted({k[1] for k in new})
+        if new:
+            verdict, evidence = "caught", ""
+        elif base is None:
+            verdict, evidence = "survived", "no clean case with the same coordinates to compare"
+        elif differ and fails:
+            k = differ[0]
+            verdict = "masked"
+            evidence = (f"fails only what the clean case fails ({len(fails)} failures, e.g. "
+                        f"{'/'.join(map(str, sorted(fails)[0][1:]))}); {len(differ)} measured "
+                        f"values differ, e.g. {k[1]}/{k[2]} {k[3]}: {mine[k]:.6g} vs "
+                        f"{theirs[k]:.6g}: a known failure hides this bug here")
+        elif differ:
+            k = differ[0]
+            verdict = "survived"
+            evidence = (f"{len(differ)} measured values differ from the clean case's, none "
+                        f"failed; e.g. {k[1]}/{k[2]} {k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}")
+        else:
+            verdict = "ineffective"
+            evidence = (f"all {len(mine.keys() & theirs.keys())} measured values equal the "
+                        f"clean case's ({base['case_id']})"
+                        + (f"; its {len(fails)} failures are the clean case's too" if fails else ""))
+        out.append(dict(fix=c["axes"][axis][3:], switch=axis, backend=c["backend"],
+                        scenario=c["scenario"], case_id=c["case_id"], outcome=c["outcome"],
+                        verdict=verdict, caught_by=", ".join(failed), evidence=evidence,
+                        clean_outcome=base["outcome"] if base else "-"))
+    return sorted(out, key=lambda r: (r["fix"], r["backend"], r["case_id"]))
+
+
+def scores(rows: list[dict]) -> dict[str, dict]:
+    """backend -> {caught, masked, survived, ineffective, score} over the table's rows."""
+    acc: dict[str, dict] = defaultdict(
+        lambda: dict(caught=0, masked=0, survived=0, ineffective=0))
+    for r in rows:
+        acc[r["backend"]][r["verdict"]] += 1
+    for a in acc.values():
+        effective = a["caught"] + a["masked"] + a["survived"]
+        a["score"] = a["caught"] / effective if effective else math.nan
+    return dict(acc)

@@ -1,0 +1,44 @@
+"""What every part of scenario parsing shares: the error type, its one-line form (file, field,
+what is allowed), name patterns and number checks."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_VALUE = re.compile(r"^[A-Za-z0-9_.]+$")  # axis values appear in ids and file names
+TOP_LEVEL = {"name", "description", "models", "axes", "cases", "exclude", "model",
+             "model_overrides", "train", "checks", "tolerances", "timeout_s", "marks"}
+MAX_TIMEOUT_S = 86400.0  # a day: a larger per-case timeout is a typo, not a case
+# allowed range (inclusive) of each model / train field; lr must also be > 0
+FIELD_RANGES = {"hidden": (1, 65536), "ffn": (1, 262144), "heads": (1, 1024), "seq": (1, 65536),
+                "batch": (1, 65536), "out_features": (1, 262144), "layers": (1, 1024),
+                "vocab": (1, 1 << 24),
+                "steps": (1, 10000), "lr": (0.0, 10.0), "seed": (0, 2**63 - 1)}
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run as written."""
+
+
+def _fail(path, where, msg):
+    raise ScenarioError(f"{path}: {where}: {msg}")
+
+
+def _check_number(path, where, v, lo=None, hi=None, *, integer=False, above=False):
+    """``v`` is an int (or a float unless ``integer``), finite, ``lo <= v <= hi`` (``lo < v``
+    when ``above``). Booleans are refused: YAML reads ``yes`` as true, which is an int."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        hint = " (YAML reads yes / no / on / off as booleans)" if isinstance(v, bool) else ""
+        _fail(path, where, f"must be {'an integer' if integer else 'a number'}, got {v!r}{hint}")
+    if integer and not isinstance(v, int):
+        _fail(path, where, f"must be an integer, got {v!r}")
+    if not math.isfinite(v):
+        _fail(path, where, f"must be a finite number, got {v!r}")
+    low_ok = lo is None or (v > lo if above else v >= lo)
+    if not low_ok or (hi is not None and v > hi):
+        bounds = [f"{'>' if above else '>='} {lo:g}"] if lo is not None else []
+        bounds += [f"<= {hi:g}"] if hi is not None else []
+        _fail(path, where, f"must be {' and '.join(bounds)}, got {v!r}")
+    return v

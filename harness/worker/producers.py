@@ -1,0 +1,233 @@
+"""The artifacts a case's checks need, each made by one producer (collective over the world).
+
+train phase (the case's mesh)::
+
+    train      -> trained      build, train ``train.steps`` steps (loss trace)
+    reference  -> reference    the single-process FP32 run (only when a check needs it)
+    export     -> exported     the FP32 safetensors file users ship (only when checked)
+    save       -> checkpoint,  capture *S*, save with the case's DCP mode (async: the next
+                  continued    step mutates the live state while the save is in flight)
+    load       -> loaded       a fresh model + optimizer on the same mesh, loaded
+
+reshard phase (the target mesh)::
+
+    expected      -> expected   *S* and the uninterrupted next step, written by ``save``
+    reshard_load  -> resharded  a fresh model + optimizer on the target mesh, loaded
+
+A producer that loads a checkpoint calls ``art.load_fn`` (``checkpoint.load`` unless a
+registry entry's workaround replaced it, see ``harness/workarounds.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import catalog
+from . import checkpoint, faults
+from .run import Run, reference_run
+
+EXPECTED = "expected.pt"  # written by the train phase's save for the reshard phase
+TRAIN_MISSING = "train_missing.json"  # the train phase's missing artifacts and why
+
+
+class NotRunnable(Exception):
+    """A producer cannot run for a reason that is no failure of its own (e.g. the train phase
+    made no checkpoint for the reshard phase): the runner records it as not run."""
+
+
+@dataclass
+class Trained:
+    run: Run
+    losses: list
+    grads0: dict  # first-step gradients, canonical names
+    initial: dict  # parameters at init, canonical names
+
+
+@dataclass
+class Reference:
+    losses: list
+    grads: dict
+    initial: dict
+    params: dict
+
+
+@dataclass
+class Exported:
+    path: Any  # the safetensors file
+    quantized: dict  # name -> dequantized quantized weight the model computes with
+
+
+@dataclass
+class Saved:
+    main: Any  # Path of the case-mode checkpoint
+    twin: Any  # Path of a sync checkpoint of the same state (async modes), else None
+    state: dict  # S: full state captured right before the save (what every load must give)
+
+
+@dataclass
+class Continued:
+    loss: float  # the uninterrupted run's next step
+    params: dict
+    state: dict | None  # full state after that step (backends with lazily rebuilt buffers)
+
+
+@dataclass
+class Expected:
+    state: dict
+    next_loss: float
+    next_params: dict
+
+
+@dataclass(frozen=True)
+class Producer:
+    name: str
+    needs: tuple[str, ...]
+    makes: tuple[str, ...]
+    fn: Callable  # fn(art) -> {artifact: value}
+    phase: str
+    loads: bool = False  # loads a checkpoint (a workaround may replace the load)
+
+
+def train(art) -> dict:
+    ctx, case = art.ctx, art.case
+    for name, what in ctx.backend.applied_workarounds(case).items():
+        art.rec.note("train", f"workaround:{name}", f"the {ctx.backend.name} backend applies "
+                                                    f"workaround {name}: {what}")
+    run = Run(ctx, case, case.mesh, seed=case.train.seed)
+    faults.after_build(case, run)
+    initial = run.full_params()
+    losses, grads0 = [], None
+    for step in range(case.train.steps):
+        loss, g = run.step(step, capture_grads=(step == 0))
+        losses.append(loss)
+        grads0 = g if g is not None else grads0
+    faults.after_train(case, run)
+    art.rec.trace("loss", losses)
+    return {"trained": Trained(run, losses, grads0, initial)}
+
+
+def reference(art) -> dict:
+    """The single-process FP32 run; one per run for everything that determines it (cached in
+    the run's work directory, worker/reference_cache.py)."""
+    from . import reference_cache
+    case, ctx = art.case, art.ctx
+    scale = faults.reference_lr_scale(case)
+    k = reference_cache.key(case, ctx.backend, ctx.device, scale)
+    losses, grads, initial, params = reference_cache.cached(
+        art.ckpt.parent / "reference_cache", k,
+        lambda: reference_run(case, ctx.backend, case.train.steps, ctx.device, lr_scale=scale),
+        ctx)
+    return {"reference": Reference(losses, grads, initial, params)}
+
+
+def export(art) -> dict:
+    """The FP32 safetensors export users ship: each parameter's fp32 master weight where the
+    optimizer keeps one, else the parameter as fp32 (rank 0 writes; every rank gathers)."""
+    from safetensors.torch import save_file
+
+    from .run import full, is_quantized
+    run = art["trained"].run
+    export, quantized = {}, {}
+    for name, p in run.model.named_parameters():
+        master = run.optim.state.get(p, {}).get("master_param")
+        export[name] = full(master if isinstance(master, torch.Tensor) else p).to(
+            torch.float32).contiguous()
+        if is_quantized(getattr(p, "_local_tensor", p)):
+            quantized[name] = full(p)
+    faults.in_export(art.case, export)
+    path = art.ckpt / "model.safetensors"
+    _on_rank0(art.ctx, lambda: save_file(export, str(path)))
+    return {"exported": Exported(path, quantized)}
+
+
+def save(art) -> dict:
+    ctx, case, t = art.ctx, art.case, art["trained"]
+    run, mode = t.run, case.ax["dcp"]
+    main = art.ckpt / "main"
+    twin = art.ckpt / "sync_twin" if "async_equivalence" in case.checks else None
+    state = run.full_state()  # S: what every load must reproduce bit for bit
+    if twin is not None:
+        checkpoint.save(run, twin, "sync")
+        faults.before_async_save(case, run)
+    handle = checkpoint.save(run, main, mode, async_group=ctx.async_group)
+    # The uninterrupted run goes on at once: for async saves this mutates parameters and
+    # optimizer state in place while the checkpoint is being written.
+    next_loss, _ = run.step(case.train.steps)
+    checkpoint.wait(handle, timeout_s=case.timeout_s)
+    dist.barrier()
+    next_params = run.full_params()
+    next_state = run.full_state() if ctx.backend.lazy_buffers else None
+    if case.target is not None:
+        _on_rank0(ctx, lambda: torch.save(
+            {"state": state, "next_loss": next_loss, "next_params": next_params},
+            art.ckpt / EXPECTED))
+    return {"checkpoint": Saved(main, twin, state),
+            "continued": Continued(next_loss, next_params, next_state)}
+
+
+def load(art) -> dict:
+    case = art.case
+    fresh = Run(art.ctx, case, case.mesh, seed=case.train.seed + 1)
+    _load(art, fresh, art["checkpoint"].main)
+    return {"loaded": fresh}
+
+
+def expected(art) -> dict:
+    path = art.ckpt / EXPECTED
+    missing = art.ckpt / TRAIN_MISSING
+    if not path.is_file() and missing.is_file():
+        why = json.loads(missing.read_text()).get("checkpoint")
+        if why:
+            raise NotRunnable(f"needs the train phase's checkpoint, which {why}")
+    if not path.is_file() or not checkpoint.is_complete(art.ckpt / "main"):
+        raise RuntimeError(f"the train phase left no complete checkpoint in {art.ckpt}")
+    e = torch.load(path, weights_only=True)
+    return {"expected": Expected(e["state"], e["next_loss"], e["next_params"])}
+
+
+def reshard_load(art) -> dict:
+    case = art.case
+    run = Run(art.ctx, case, case.target, seed=case.train.seed + 2)
+    _load(art, run, art.ckpt / "main")
+    return {"resharded": run}
+
+
+def _load(art, run: Run, path) -> None:
+    if not faults.skip_load(art.case):
+        art.load_fn(run, path)
+    faults.after_load(art.case, run, run.ctx.rank)
+
+
+def _on_rank0(ctx, fn) -> None:
+    """Run ``fn`` on rank 0 only; if it raises, every rank raises (no rank is left waiting in
+    a collective the others never reach)."""
+    err = None
+    if ctx.rank == 0:
+        try:
+            fn()
+        except Exception as e:  # re-raised below, on every rank
+            err = e
+    flag = [repr(err) if err else None]
+    dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
+    if err is not None:
+        raise err
+    if flag[0] is not None:
+        raise RuntimeError(f"rank 0 failed: {flag[0]}")
+
+
+PRODUCERS = (
+    Producer("train", (), ("trained",), train, "train"),
+    Producer("reference", (), ("reference",), reference, "train"),
+    Producer("export", ("trained",), ("exported",), export, "train"),
+    Producer("save", ("trained",), ("checkpoint", "continued"), save, "train"),
+    Producer("load", ("checkpoint",), ("loaded",), load, "train", loads=True),
+    Producer("expected", (), ("expected",), expected, "reshard"),
+    Producer("reshard_load", ("expected",), ("resharded",), reshard_load, "reshard", loads=True),
+)
+NAMES = tuple(p.name for p in PRODUCERS)
+assert NAMES == tuple(catalog.PRODUCERS), "catalog.PRODUCERS lists the producers in order"

@@ -1,0 +1,59 @@
+"""The FP32 single-process reference, computed once per run for everything that determines it.
+
+Many cases share a reference: every mesh, DCP mode and reshard of one (module, dims, seed,
+steps, learning rate) trains the same single-process FP32 model on the same data. ``key``
+names everything the reference depends on; rank 0 of the first launch that needs it computes
+it and stores it under the run's work directory, every other rank and launch of the run reads
+it. A change of any determinant is another key (tests/test_reference_cache.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from . import data
+
+VERSION = 1  # bump when reference_run or the synthetic data change meaning
+
+
+def determinants(case, backend, device, lr_scale: float) -> dict:
+    ref = getattr(case, "model_ref", None)  # a scenario's own model: its factory, plan, task
+    return dict(version=VERSION, data=data.VERSION, backend=backend.name,
+                module=case.ax["module"], model_ref=repr(ref) if ref is not None else None,
+                model=dataclasses.asdict(case.model),
+                seed=case.train.seed, steps=case.train.steps, lr=case.train.lr,
+                lr_scale=lr_scale, device=str(torch.device(device).type),
+                dtype="float32", torch=torch.__version__,
+                library=backend.versions())
+
+
+def key(case, backend, device, lr_scale: float) -> str:
+    blob = json.dumps(determinants(case, backend, device, lr_scale), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
+    """The reference under key ``k``: read from ``cache_dir`` or computed by rank 0 and
+    written there (atomic); collective over the exchange group."""
+    import torch.distributed as dist
+    path = Path(cache_dir) / f"{k}.pt"
+    err = None
+    if ctx.rank == 0 and not path.is_file():  # rank 0 alone decides: one broadcast per call
+        try:
+            value = compute()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{id(value)}")
+            torch.save(value, tmp)
+            tmp.replace(path)
+        except Exception as e:  # noqa: BLE001 - every rank raises it below
+            err = repr(e)
+    flag = [err]
+    dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
+    if flag[0] is not None:
+        raise RuntimeError(f"the FP32 reference failed on rank 0: {flag[0]}")
+    return tuple(torch.load(path, weights_only=True))

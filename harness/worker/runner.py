@@ -1,0 +1,216 @@
+"""Walk one phase of a case on every rank: producers in order, each check as soon as the
+artifacts it needs exist.
+
+* A producer or check that raises is recorded (an ``error`` row with its traceback) and does not
+  stop the units that do not depend on it; a check whose artifact is missing is recorded as
+  ``not_run`` with the reason ("needs the dcp load, which failed: ...").
+* Ranks agree on every unit's success over the gloo control group, so all ranks take the same
+  path; after a failure a bounded health check of the main group decides whether the rest of
+  the case can run (else ``GroupBroken``: the remaining units are not run and the worker exits
+  for a re-launch).
+* Where the case's xfail entry names a workaround for a failed producer (``case.workarounds``),
+  the producer is run again the workaround's way and the checks run on what it made.
+* Every unit gets one coverage row: passed / failed / not_run, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .. import checks as checks_mod
+from ..checks.base import Artifacts
+from ..checks.record import describe
+from ..workarounds import WORKAROUNDS
+from . import checkpoint, faults
+from .producers import PRODUCERS, TRAIN_MISSING, NotRunnable, _on_rank0
+
+ARTIFACT_LABELS = {
+    "trained": "the trained model", "reference": "the FP32 reference run",
+    "checkpoint": "the DCP checkpoint", "continued": "the uninterrupted next step",
+    "loaded": "the dcp load", "expected": "the train phase's checkpoint",
+    "resharded": "the load on the target mesh",
+}
+
+
+class GroupBroken(Exception):
+    """The main process group cannot be trusted after a failed unit."""
+
+
+def producers_for(phase: str, case, checks) -> list:
+    """The producers whose artifacts the phase's checks need (transitively). The train phase
+    always trains (the loss trace), and saves when the reshard phase will load its checkpoint."""
+    need = set().union(*(c.needs for c in checks)) if checks else set()
+    if phase == "train":
+        need.add("trained")
+        if case.target is not None:
+            need.add("checkpoint")
+    mine = [p for p in PRODUCERS if p.phase == phase]
+    grew = True
+    while grew:
+        before = len(need)
+        for p in mine:
+            if set(p.makes) & need:
+                need |= set(p.needs)
+        grew = len(need) > before
+    return [p for p in mine if set(p.makes) & need]
+
+
+def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0) -> None:
+    checks = [c for c in checks_mod.for_case(ctx.backend, case) if c.phase == phase]
+    art = Artifacts(ctx, case, ckpt, rec=rec, load_fn=checkpoint.load)
+    walk = _Walk(ctx, case, art, rec, health_timeout_s)
+    pending = list(checks)
+    producers = producers_for(phase, case, checks)
+    try:
+        with ctx.backend.case_context(case):
+            for p in producers:
+                walk.produce(p)
+                pending = walk.run_ready(pending)
+    except GroupBroken as e:
+        done = {r["check"] for r in rec.rows if r["metric"] == "coverage"}
+        for u in [p.name for p in producers] + [c.name for c in pending]:
+            if u not in done:
+                rec.status(u, "not_run", f"not run: {e}")
+        raise
+    for c in pending:
+        m = next(a for a in c.needs if a not in art)
+        rec.status(c.name, "not_run", f"not run: needs {ARTIFACT_LABELS.get(m, m)}, which "
+                                      f"{art.missing.get(m, 'was not made')}")
+    if phase == "train" and case.target is not None and art.missing:
+        # tell the reshard phase why there is no checkpoint to load
+        _on_rank0(ctx, lambda: (ckpt / TRAIN_MISSING).write_text(json.dumps(art.missing)))
+
+
+class _Walk:
+    def __init__(self, ctx, case, art, rec, health_timeout_s):
+        self.ctx, self.case, self.art, self.rec = ctx, case, art, rec
+        self.health_timeout_s = health_timeout_s
+        self.workarounds = dict(getattr(case, "workarounds", ()) or ())
+
+    def produce(self, p) -> None:
+        art, rec = self.art, self.rec
+        absent = [a for a in p.needs if a not in art]
+        if absent:
+            why = f"needs {ARTIFACT_LABELS.get(absent[0], absent[0])}, which " \
+                  f"{art.missing.get(absent[0], 'was not made')}"
+            self._missing(p, f"was not made ({p.name} did not run)")
+            rec.status(p.name, "not_run", f"not run: {why}")
+            return
+        not_runnable = []
+        err = self.attempt(p.name, lambda: self._make(p, not_runnable))
+        if not_runnable:
+            self._missing(p, f"was not made ({p.name} did not run)")
+            rec.status(p.name, "not_run", f"not run: {not_runnable[0]}")
+            return
+        if err is None:
+            rec.status(p.name, "passed")
+            return
+        w = WORKAROUNDS.get(self.workarounds.get(p.name, ""))
+        if w is not None and p.loads:
+            rec.note(p.name, "workaround", f"{p.name} failed ({err}); continuing with workaround "
+                                           f"{w.name}: {w.what}")
+            art.load_fn = w.fn
+            err2 = self.attempt(p.name, lambda: art.have.update(p.fn(art)), quantity="workaround")
+            art.load_fn = checkpoint.load
+            if err2 is None:
+                for m in p.makes:
+                    art.via[m] = w.name
+                rec.status(p.name, "failed", f"failed: {err}; the checks ran on what workaround "
+                                             f"{w.name} made")
+                return
+            err = f"{err}; workaround {w.name} failed too: {err2}"
+        self._missing(p, f"failed: {err}")
+        rec.status(p.name, "failed", f"failed: {err}")
+
+    def _make(self, p, not_runnable: list) -> None:
+        try:
+            self.art.have.update(p.fn(self.art))
+        except NotRunnable as e:  # every rank sees the same files: no disagreement
+            not_runnable.append(str(e))
+
+    def _missing(self, p, why: str) -> None:
+        for m in p.makes:
+            self.art.missing[m] = why
+
+    def run_ready(self, pending: list) -> list:
+        left = []
+        for c in pending:
+            if not all(a in self.art for a in c.needs):
+                left.append(c)
+                continue
+            err = self.attempt(c.name, lambda c=c: c.fn(self.art, self.rec))
+            via = sorted({self.art.via[a] for a in c.needs if a in self.art.via})
+            note = f" (on what workaround {', '.join(via)} made)" if via else ""
+            if err is not None:
+                self.rec.status(c.name, "failed", f"raised: {err}{note}")
+            else:  # failing comparison rows turn it into "failed" when ranks merge
+                self.rec.status(c.name, "passed", f"ran{note}")
+        return left
+
+    def attempt(self, unit: str, fn, quantity: str = "error") -> str | None:
+        """Run one unit on this rank; agree with the other ranks whether it succeeded
+        everywhere. Returns None or a one-line reason (this rank's error, or the rank that
+        failed)."""
+        err, t0 = None, time.perf_counter()
+        try:
+            with self.rec.section(unit, quantity):
+                faults.before_unit(self.case, unit, self.ctx.rank)
+                fn()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # recorded by the section; DCP raises BaseExceptions
+            err = describe(e)
+        self.rec.measure(unit, "time", "seconds", time.perf_counter() - t0)
+        flags = [None] * self.ctx.world_size
+        dist.all_gather_object(flags, err, group=self.ctx.control)
+        failed = [(r, f) for r, f in enumerate(flags) if f is not None]
+        if not failed:
+            return None
+        if not healthy(self.ctx, self.health_timeout_s):
+            self.rec.status(unit, "failed", f"failed (rank {failed[0][0]}: {failed[0][1]})")
+            raise GroupBroken(f"the process group is out of step after {unit} failed "
+                              f"(rank {failed[0][0]}: {failed[0][1]})")
+        return err or f"rank {failed[0][0]}: {failed[0][1]}"
+
+
+def healthy(ctx, timeout_s: float) -> bool:
+    """Whether the main group and the exchange group are still in step after a failed unit.
+
+    Called right after an agreement on the control group, which is therefore in step. First
+    the ranks compare how many collectives each has issued on the two groups: a rank that
+    raised where the others went on into a collective (or timed out in one they never reached)
+    has a different count, and the groups are out of step at once, without waiting. Then one
+    all_reduce on each group must complete within ``timeout_s`` and agree."""
+    counts = [_issued(dist.group.WORLD), _issued(ctx.exchange)]
+    every = [None] * ctx.world_size
+    try:
+        dist.all_gather_object(every, counts, group=ctx.control)
+    except Exception:
+        return False
+    if any(c != every[0] for c in every):
+        return False
+    return (_reaches(dist.group.WORLD, ctx.device, ctx.world_size, timeout_s)
+            and _reaches(ctx.exchange, torch.device("cpu"), ctx.world_size, timeout_s))
+
+
+def _issued(group) -> int | None:
+    """Collectives issued on ``group`` by this rank (None where the backend does not count)."""
+    try:
+        return int(group._get_sequence_number_for_group())
+    except Exception:
+        return None
+
+
+def _reaches(group, device, world_size: int, timeout_s: float) -> bool:
+    try:
+        t = torch.ones(1, device=device)
+        work = dist.all_reduce(t, group=group, async_op=True)
+        ok = work.wait(timeout=timedelta(seconds=timeout_s))
+        return bool(ok is not False) and int(t.item()) == world_size
+    except Exception:
+        return False

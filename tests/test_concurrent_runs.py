@@ -1,0 +1,59 @@
+"""Two ``pytest --scenario`` runs at once in one project directory: distinct run ids, no port
+or path collision, both histories complete."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.report import history
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIO = """\
+name: duo
+description: concurrency self-test
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [Linear]
+  dcp: [async_thread]
+  reshard: [none]
+timeout_s: 120
+"""
+
+
+@pytest.mark.integration
+def test_two_runs_at_once_in_one_project(tmp_path):
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "duo.yaml").write_text(SCENARIO)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+            "--scenario", "duo"]
+    runs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = []
+    try:
+        for p in runs:
+            outs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    for p, out in zip(runs, outs):
+        assert p.returncode == 0, out
+    files = sorted((tmp_path / "reports" / "history").iterdir())
+    assert len(files) == 2, files  # two runs, two complete histories, no temporaries
+    ids = set()
+    for f in files:
+        df, meta = history.read_run(f)
+        ids.add(meta["run_id"])
+        cases = df[df["check"] == "case"]
+        assert list(cases["case_outcome"]) == ["passed"]
+        run_dir = tmp_path / "reports" / "runs" / meta["run_id"]
+        assert sorted(p.name for p in run_dir.iterdir()) == ["launches", "meta.json",
+                                                              "summary.csv"]
+    assert len(ids) == 2

@@ -1,0 +1,144 @@
+"""Ctrl-C / SIGTERM mid-launch: a real ``pytest --scenario`` subprocess is signalled while a
+launch is in the middle of its batch (one case finished, the next one running, a process-staged
+async DCP helper alive). It must stop within seconds with pytest's exit status 2, leave no
+process and no work directory behind, and write a valid history holding the finished case and
+the unfinished ones as ``interrupted``. And when pytest is SIGKILLed (no clean-up code can run;
+what a crashed pytest-xdist worker looks like), the tethers still take every process down."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.report import history
+from proc_sampler import Sampler
+
+ROOT = Path(__file__).resolve().parent.parent
+STOP_BOUND_S = 20.0
+
+# fault "hang" keeps the second case running (rank 1 sleeps) until the signal comes
+SCENARIO = """\
+name: stopme
+description: Ctrl-C self-test
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [Linear]
+  dcp: [async_process]
+  reshard: [none]
+  fault: [none, hang, perturb_loaded]
+timeout_s: 120
+"""
+FINISHED = "stopme[fp32-dp2-Linear-async_process-none-none]"
+UNFINISHED = ("stopme[fp32-dp2-Linear-async_process-none-hang]",
+              "stopme[fp32-dp2-Linear-async_process-none-perturb_loaded]")
+
+
+def _mid_batch(reports: Path, timeout_s: float = 180.0) -> Path:
+    """Wait (bounded) until a launch finished its first task and runs the next; its dir."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for launch in reports.glob("runs/*/launches/L*"):
+            done = list((launch / "results").glob("*.json"))
+            running = []
+            for f in (launch / "progress").glob("rank*.json"):
+                try:
+                    running.append(json.loads(f.read_text()).get("task"))
+                except (OSError, ValueError):
+                    continue
+            if done and any(t and t.endswith("hang.train") for t in running):
+                return launch
+        time.sleep(0.2)
+    raise AssertionError(f"no launch got mid-batch within {timeout_s:.0f}s")
+
+
+def _start(tmp_path):
+    """A ``pytest --scenario stopme`` subprocess in a session of its own; (popen, reports,
+    work dir)."""
+    scen = tmp_path / "scen"
+    scen.mkdir()
+    (scen / "stopme.yaml").write_text(SCENARIO)
+    reports, work = tmp_path / "reports", tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+            "--scenario", "stopme", "--scenario-dir", str(scen), "--report-dir", str(reports),
+            "--work-dir", str(work)]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return p, reports, work
+
+
+def _wait_gone(sampler, timeout_s: float) -> float:
+    """Seconds until every sampled process is gone (bounded by ``timeout_s``)."""
+    t0 = time.monotonic()
+    while sampler.survivors() and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("who, sig", [("group", signal.SIGINT), ("pytest", signal.SIGTERM)],
+                         ids=["SIGINT-to-group", "SIGTERM-to-pytest"])
+def test_signal_stops_the_run_cleanly(tmp_path, who, sig):
+    p, reports, work = _start(tmp_path)
+    try:
+        with Sampler(reports, roots=[p.pid]) as sampler:
+            _mid_batch(reports)
+            time.sleep(0.5)  # let the sampler see the running ranks
+            t0 = time.monotonic()
+            (os.killpg if who == "group" else os.kill)(p.pid, sig)
+            out, _ = p.communicate(timeout=60)
+            stop_s = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+    print(f"{signal.Signals(sig).name} to {who}: pytest exited {p.returncode} after "
+          f"{stop_s:.1f}s; {len(sampler.seen)} processes of the run seen")
+    assert p.returncode == 2, out
+    assert stop_s < STOP_BOUND_S, out
+    assert any("harness.worker" in c for c in sampler.seen.values())
+    assert any("multiprocessing.spawn" in c for c in sampler.seen.values())  # the stagers
+    assert sampler.survivors() == {}, "processes outlived pytest"
+    assert list(work.iterdir()) == [], "the checkpoint work directory was left behind"
+
+    (parquet,) = (reports / "history").glob("*.parquet")
+    df, meta = history.read_run(parquet)  # a valid, complete history file
+    cases = df[df["check"] == "case"].set_index("case_id")
+    assert cases.loc[FINISHED, "case_outcome"] == "passed"
+    for cid in UNFINISHED:
+        assert cases.loc[cid, "case_outcome"] == "interrupted"
+        assert cases.loc[cid, "case_status"] == "interrupted"
+    summary = pd.read_csv(reports / "runs" / meta["run_id"] / "summary.csv")
+    assert sorted(summary["case_outcome"]) == ["interrupted", "interrupted", "passed"]
+    assert any(r.get("interrupted") for r in meta["launches"])
+    assert "2 interrupted" in out
+
+
+@pytest.mark.integration
+def test_sigkilled_pytest_takes_its_launch_down(tmp_path):
+    p, reports, work = _start(tmp_path)
+    try:
+        with Sampler(reports, roots=[p.pid]) as sampler:
+            _mid_batch(reports)
+            time.sleep(0.5)
+            os.kill(p.pid, signal.SIGKILL)  # pytest only: its launch is in other sessions
+            p.communicate(timeout=30)
+            gone_s = _wait_gone(sampler, 20.0)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+    leftovers = sampler.survivors()
+    for pid in leftovers:  # never leave them running, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    print(f"pytest SIGKILLed: its {len(sampler.seen)} processes gone after {gone_s:.1f}s")
+    assert any("multiprocessing.spawn" in c for c in sampler.seen.values())
+    assert leftovers == {}

@@ -1,0 +1,76 @@
+"""Fixes / mutants table: caught, survived (a blind check) or ineffective."""
+
+from harness import mutation_score
+
+
+def case(cid, switch, value, outcome, rows, **ax):
+    axes = dict(recipe="current", mesh="dp2", **ax, **{switch: value})
+    return dict(case_id=cid, scenario="s", backend="te", axes=axes, outcome=outcome, rows=rows)
+
+
+def row(check, value, outcome="pass", quantity="q", metric="max_abs"):
+    return dict(check=check, quantity=quantity, metric=metric, value=value, outcome=outcome,
+                phase="train")
+
+
+def test_caught_survived_ineffective_and_score():
+    clean = [row("fp32_parity", 0.01), row("dcp_roundtrip", 0.0)]
+    cases = [
+        case("clean", "mutation", "none", "passed", clean),
+        case("m1", "mutation", "no_quantized_allgather", "xfailed",
+             [row("quantized_allgather_parity", 1, "fail", metric="violations"), *clean]),
+        case("m2", "mutation", "no_to_copy_keeps_subclass", "xpassed", list(clean)),
+        case("m3", "mutation", "no_empty_untyped_storage", "xpassed",
+             [row("fp32_parity", 0.02), row("dcp_roundtrip", 0.0)]),
+        case("clean_ref", "fixes", "all", "passed", clean, dcp="sync"),
+        case("f1", "fixes", "no_weights_only_pickle", "xfailed",
+             [row("weights_only_load", 1, "error", metric="exception")], dcp="sync"),
+    ]
+    cases[-1]["backend"] = cases[-2]["backend"] = "reference"
+    t = {r["case_id"]: r for r in mutation_score.table(cases)}
+    assert t["m1"]["verdict"] == "caught" and t["m1"]["caught_by"] == "quantized_allgather_parity"
+    assert t["m2"]["verdict"] == "ineffective" and "all 2 measured values equal" in t["m2"]["evidence"]
+    assert t["m3"]["verdict"] == "survived" and "fp32_parity/q max_abs: 0.02 vs 0.01" in t["m3"]["evidence"]
+    assert t["f1"]["verdict"] == "caught" and t["f1"]["switch"] == "fixes"
+    assert t["f1"]["clean_outcome"] == "passed"
+    s = mutation_score.scores(list(t.values()))
+    assert s["te"] == dict(caught=1, masked=0, survived=1, ineffective=1, score=0.5)
+    assert s["reference"]["score"] == 1.0
+
+
+def test_timings_are_no_evidence_of_an_effect():
+    clean = [row("fp32_parity", 0.01), row("train", 0.5, "info", quantity="time", metric="seconds")]
+    mutant = [row("fp32_parity", 0.01), row("train", 0.7, "info", quantity="time", metric="seconds")]
+    t = mutation_score.table([case("clean", "mutation", "none", "passed", clean),
+                              case("m", "mutation", "no_empty_untyped_storage", "xpassed", mutant)])
+    assert t[0]["verdict"] == "ineffective" and "all 1 measured values equal" in t[0]["evidence"]
+
+
+def test_a_known_failure_does_not_count_as_catching_a_bug():
+    """The clean case already fails (TE DelayedScaling _extra_state): a mutant that fails the
+    same checks with the same messages is masked (values moved) or ineffective, not caught;
+    a new failure, or an error with another message, is caught."""
+    known = [row("load", 1, "error", quantity="error", metric="exception"),
+             row("dcp_roundtrip", 0.5, "fail")]
+    known[0]["detail"] = "RuntimeError: Size mismatch: saved 42836 vs 0 for _extra_state"
+    clean = [*known, row("fp32_parity", 0.01)]
+    moved = [dict(known[0], detail="RuntimeError: Size mismatch: saved 42828 vs 0 for "
+                                   "_extra_state\n(other sizes: no new failure)"),
+             known[1], row("fp32_parity", 0.03)]
+    other_error = [dict(known[0], detail="TypeError: cannot pickle"), known[1],
+                   row("fp32_parity", 0.01)]
+    cases = [case("clean", "mutation", "none", "xfailed", clean),
+             case("same", "mutation", "no_empty_untyped_storage", "xfailed", list(clean)),
+             case("moved", "mutation", "no_to_copy_keeps_subclass", "xfailed", moved),
+             case("new", "mutation", "no_weights_only_pickle", "xfailed", other_error),
+             case("extra", "mutation", "no_quantized_allgather", "xfailed",
+                  [*clean, row("quantized_allgather_parity", 1, "fail", metric="violations")])]
+    t = {r["case_id"]: r for r in mutation_score.table(cases)}
+    assert t["same"]["verdict"] == "ineffective"
+    assert "its 2 failures are the clean case's too" in t["same"]["evidence"]
+    assert t["moved"]["verdict"] == "masked" and "0.03 vs 0.01" in t["moved"]["evidence"]
+    assert t["new"]["verdict"] == "caught" and t["new"]["caught_by"] == "load"
+    assert t["extra"]["verdict"] == "caught"
+    assert t["extra"]["caught_by"] == "quantized_allgather_parity"
+    s = mutation_score.scores(list(t.values()))["te"]
+    assert (s["caught"], s["masked"], s["ineffective"], s["score"]) == (2, 1, 1, 2 / 3)

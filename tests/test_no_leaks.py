@@ -1,0 +1,136 @@
+"""No process of a launch outlives it: hang (timeout kill), crash and raise, with an async DCP
+stager process alive at the kill; and the tether (PR_SET_PDEATHSIG) that takes a launch down
+when its parent dies.
+
+Pids are collected independently of the launcher's own bookkeeping: a sampler thread records
+every descendant of this test process (torchrun, its ranks, their stagers) and every pid the
+ranks write into their progress files, while the launches run; after the scheduler returns,
+none may be alive (a zombie is dead).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness import procs
+from harness.launcher import Launcher
+from harness.matrix import expand
+from harness.scheduler import Scheduler
+from harness.spec import load_scenario
+from proc_sampler import Sampler
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIO = """\
+name: leaks
+description: every way a launch ends, with a process-staged async DCP save before the hang
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [Linear]
+  dcp: [async_process, sync]
+  reshard: [none]
+  fault: [none, hang, crash, raise]
+cases:
+  - {dcp: async_process, fault: [none, hang]}
+  - {dcp: sync, fault: [crash, raise]}
+timeout_s: 15
+"""
+
+
+def _kind(cmdline: str) -> str:
+    words = cmdline.split()
+    if "torch.distributed.run" in words:
+        return "torchrun"
+    if "harness.worker" in words:
+        return "rank"
+    return "spawned" if "multiprocessing.spawn" in words else "other"
+
+
+@pytest.mark.integration
+def test_no_process_survives_hang_crash_raise(tmp_path):
+    (tmp_path / "leaks.yaml").write_text(SCENARIO)
+    cases = expand(load_scenario(tmp_path / "leaks.yaml"), "torch")
+    launcher = Launcher(tmp_path / "launches", "torch", "cpu")
+    sched = Scheduler(launcher, cases, tmp_path / "ckpt")
+    with Sampler(tmp_path / "launches") as sampler:
+        results = {c.ax["fault"]: sched.result(c) for c in cases}
+    assert results["none"].passed, results["none"].errors
+    assert results["hang"].status == "timeout"
+    assert results["crash"].status == "crash"
+    raised = [r for r in results["raise"].failed_rows if r["check"] == "train"]
+    assert raised and "injected fault" in raised[0]["detail"]  # recorded, the launch went on
+    kinds = Counter(_kind(c) for c in sampler.seen.values())
+    print(f"processes seen: {dict(kinds)}")
+    assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
+    assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
+    survivors = sampler.survivors()
+    for pid in survivors:  # never leave them running, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == {}
+    assert all(r.leaked == [] for r in launcher.records), [r.leaked for r in launcher.records]
+    hang = next(r for r in launcher.records if r.timed_out)
+    assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
+
+
+def _start_tethered_tree(tmp_path, tag):
+    """A parent process that starts ``python -m harness.tethered --parent <it> ...`` running a
+    child that sleeps; returns the parent Popen (the child's pid is in tmp_path/child)."""
+    child = (f"import os, time; open({str(tmp_path / 'child')!r}, 'w').write(str(os.getpid()));"
+             " time.sleep(600)")
+    parent = (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-m', 'harness.tethered', '--parent', "
+        f"str(os.getpid()), 'runpy_child'], env={{**os.environ, 'PYTHONPATH': {str(tmp_path)!r}"
+        f" + os.pathsep + {str(ROOT)!r}, {procs.TAG_VAR!r}: {tag!r}}})\n"
+        "time.sleep(600)\n")
+    (tmp_path / "runpy_child.py").write_text(child)
+    return subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+
+
+def test_tethered_process_dies_with_its_parent(tmp_path):
+    tag = procs.new_tag("tether-test")
+    parent = _start_tethered_tree(tmp_path, tag)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "child").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int((tmp_path / "child").read_text())
+        assert procs.alive(child) and procs.tagged(tag) == [child]
+        os.kill(parent.pid, signal.SIGKILL)  # no clean-up code runs in the parent
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while procs.alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not procs.alive(child), "the tethered child outlived its parent"
+    finally:
+        procs.kill_tagged(tag, [parent.pid], timeout_s=5)
+        parent.wait(timeout=10)
+
+
+def test_kill_tagged_finds_reparented_processes_and_spares_others(tmp_path):
+    tag = procs.new_tag("kill-test")
+    # a parent that starts a grandchild in a session of its own and exits: the grandchild is
+    # reparented (like a torchrun rank after torchrun was killed)
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(600)'], start_new_session=True, "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, procs.TAG_VAR: tag}, timeout=30)
+    orphan = int(out.stdout)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert procs.alive(orphan) and orphan not in procs.descendants([os.getpid()])
+        killed, leaked = procs.kill_tagged(tag, timeout_s=10)
+        assert killed == [orphan] and leaked == []
+        assert not procs.alive(orphan)
+        assert procs.alive(bystander.pid)
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=10)

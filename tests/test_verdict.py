@@ -1,0 +1,121 @@
+"""Exact xfail semantics: an entry explains only the failures it names (harness/verdict.py)."""
+
+import textwrap
+
+from harness import registry, verdict
+
+AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
+
+
+def entries(tmp_path, text):
+    p = tmp_path / "xfails.yaml"
+    p.write_text(textwrap.dedent(text))
+    return registry.load(p, AXES).entries
+
+
+def cov(unit, status, detail=""):
+    return dict(check=unit, quantity="*", metric="coverage", outcome=status, detail=detail,
+                phase="train")
+
+
+def fail(unit, quantity, detail, metric="max_abs"):
+    return dict(check=unit, quantity=quantity, metric=metric, outcome="fail", detail=detail,
+                phase="train")
+
+
+def error(unit, detail):
+    return dict(check=unit, quantity="error", metric="exception", outcome="error",
+                detail=detail, phase="train")
+
+
+LOAD_ERR = "CheckpointException on ranks [0, 1]: Size mismatch ... for model._extra_state"
+# TE delayed scaling with the FSDP2 all-gather hooks removed: the known _extra_state load
+# failure, and the all-gather regression it must not hide
+ROWS = [cov("train", "passed"), cov("load", "failed", "failed: " + LOAD_ERR),
+        error("load", LOAD_ERR),
+        cov("quantized_allgather_parity", "passed", "ran"),
+        fail("quantized_allgather_parity", "quantized_unshard",
+             "weight: unsharded parameter is a plain torch.float32 tensor", "violations"),
+        cov("dcp_roundtrip", "not_run", "not run: needs the dcp load, which failed: ...")]
+LOAD_ENTRY = """\
+    entries:
+      - match: {recipe: delayed}
+        fails: {check: load, message: "_extra_state"}
+        reason: TE 1860
+    """
+
+
+def test_known_failure_does_not_hide_another(tmp_path):
+    es = entries(tmp_path, LOAD_ENTRY)
+    v = verdict.judge(ROWS, "ok", [], es)
+    assert v.outcome == "failed"
+    assert "entry 1 explains load" in v.message
+    assert "not explained by any entry: quantized_allgather_parity/quantized_unshard" in v.message
+    assert v.coverage["load"][0] == "xfailed"
+    assert v.coverage["quantized_allgather_parity"][0] == "failed"
+    assert v.coverage["dcp_roundtrip"] == ("not_run", "not run: needs the dcp load, which failed: ...")
+
+
+def test_a_second_entry_naming_the_other_check_makes_it_xfail(tmp_path):
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: {check: load, message: "_extra_state"}
+            reason: TE 1860
+          - match: {recipe: delayed}
+            fails: {check: quantized_allgather_parity, message: "plain torch.float32"}
+            reason: hooks removed
+        """)
+    v = verdict.judge(ROWS, "ok", [], es)
+    assert v.outcome == "xfailed", v.message
+    assert v.coverage["quantized_allgather_parity"][0] == "xfailed"
+
+
+def test_message_must_match(tmp_path):
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: {check: load, message: "Unsupported checkpoint format"}
+            reason: r
+        """)
+    v = verdict.judge([cov("load", "failed"), error("load", LOAD_ERR)], "ok", [], es)
+    assert v.outcome == "failed" and "not explained by any entry: load/error" in v.message
+
+
+def test_named_check_that_passes_is_a_strict_xpass(tmp_path):
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: [{check: load}, {check: weights_only_load}]
+            reason: r
+        """)
+    rows = [cov("load", "failed"), error("load", "boom"), cov("weights_only_load", "passed")]
+    v = verdict.judge(rows, "ok", [], es)
+    assert v.outcome == "failed"
+    assert "names weights_only_load failing, but weights_only_load ran and passed: remove it " \
+           "from entry 1" in v.message
+    # a named check that did not run (its artifact failed) is not held against the entry
+    rows[-1] = cov("weights_only_load", "not_run", "not run: ...")
+    assert verdict.judge(rows, "ok", [], es).outcome == "xfailed"
+
+
+def test_passing_case_with_an_entry_is_xpassed(tmp_path):
+    es = entries(tmp_path, LOAD_ENTRY)
+    v = verdict.judge([cov("train", "passed"), cov("load", "passed")], "ok", [], es)
+    assert v.outcome == "xpassed" and "remove xfail entry 1" in v.message
+    assert verdict.judge([cov("train", "passed")], "ok", [], []).outcome == "passed"
+
+
+def test_timeout_is_a_case_failure_only_a_case_entry_explains(tmp_path):
+    rows = [cov("train", "passed")]
+    v = verdict.judge(rows, "timeout", ["timed out after 15s"], [])
+    assert v.outcome == "failed" and "case/timeout" in v.message
+    es = entries(tmp_path, LOAD_ENTRY)
+    assert verdict.judge(rows, "timeout", ["timed out"], es).outcome == "failed"
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: {check: case, message: "timed out"}
+            reason: hangs
+        """)
+    assert verdict.judge(rows, "timeout", ["timed out after 15s"], es).outcome == "xfailed"
