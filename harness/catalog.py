@@ -125,7 +125,16 @@ FAULTS = {
     "async_differs": "one parameter changes between the sync twin and the async save",
     "untie_on_load": "the load leaves each tied parameter's later aliases as separate copies "
     "(what a load that assigns instead of copying does)",
+    # checkpoint faults: each must end as a clear per-case error naming the checkpoint
+    "kill_mid_save": "rank 1 is SIGKILLed halfway through writing its DCP shard file (sync, "
+    "async_thread)",
+    "kill_stager": "rank 1's async_process stager is SIGKILLed halfway through writing its shard",
+    "truncate_shard": "after the save, rank 1's shard file loses its second half",
+    "missing_metadata": "after the save, the checkpoint's .metadata is gone",
+    "enospc": "rank 1's DCP writer fails with ENOSPC (no space left on device)",
 }
+CHECKPOINT_FAULTS = ("kill_mid_save", "kill_stager", "truncate_shard", "missing_metadata",
+                     "enospc")
 
 
 # Mutants of the installed TransformerEngine (te backend, harness/backends/te_mutations.py):

@@ -11,6 +11,8 @@ there -- progress (pid, running task), results, timelines, logs and stacks -- an
 from __future__ import annotations
 
 import json
+import re
+import signal
 from pathlib import Path
 
 from .tasks import TaskResult
@@ -87,6 +89,48 @@ def results(d: Path) -> dict:
         except (OSError, json.JSONDecodeError):
             continue
     return out
+
+
+def units(d: Path, task: str) -> dict[int, str]:
+    """rank -> the unit (producer / check) each rank last started in ``task``."""
+    out = {}
+    for p in (d / "progress").glob("rank*.json"):
+        try:
+            prog = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if prog.get("task") == task and prog.get("unit"):
+            out[int(p.stem[4:])] = prog["unit"]
+    return out
+
+
+_EXIT = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def rank_exits(torchrun_log: str) -> dict[int, str]:
+    """rank -> how it ended, from torchrun's failure summary ("exitcode: -9" = SIGKILL)."""
+    out = {}
+    for rank, code in _EXIT.findall(torchrun_log):
+        code = int(code)
+        if code < 0:
+            try:
+                out[int(rank)] = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                out[int(rank)] = f"killed by signal {-code}"
+        else:
+            out[int(rank)] = f"exit code {code}"
+    return out
+
+
+def crash_account(d: Path, task) -> str:
+    """One line: which ranks died how, in which unit, and the task's checkpoint directory."""
+    exits = rank_exits(tail(d / "torchrun.log", 20000))
+    where = units(d, task.name)
+    dead = ", ".join(f"rank {r} {how}" for r, how in sorted(exits.items())) or \
+        "no rank's exit status in torchrun's log"
+    during = ", ".join(f"rank {r} in {u}" for r, u in sorted(where.items()))
+    return (f"{dead}; units running: {during or 'unknown'}; checkpoint directory "
+            f"{task.ckpt_dir}")
 
 
 def progress_pids(d: Path) -> list[int]:

@@ -294,7 +294,8 @@ class Launch:
             results[hung] = TaskResult(
                 name=hung, status="timeout", launch=name, seconds=end - start,
                 errors={-1: f"timed out after {self.by_name[hung].case.timeout_s:.0f}s "
-                            f"(case timeout_s); ranks' Python stacks below"},
+                            f"(case timeout_s); units running: "
+                            f"{_units(launch_dir.units(d, hung))}; ranks' Python stacks below"},
                 stacks=launch_dir.read_stacks(d), logs=launch_dir.task_logs(d, hung))
         elif len(results) < len(self.by_name):
             current = launch_dir.current(d)
@@ -304,7 +305,9 @@ class Launch:
                 results[started] = TaskResult(
                     name=started, status="crash", launch=name, seconds=end - start,
                     errors={-1: f"the launch died while this task ran (torchrun exit status "
-                                f"{returncode}); per-rank logs below\n{log}"},
+                                f"{returncode}): "
+                                f"{launch_dir.crash_account(d, self.by_name[started])}; "
+                                f"per-rank logs below\n{log}"},
                     logs=launch_dir.task_logs(d, started))
             elif not results:
                 why = "did not start a task within %.0fs" % self.l.startup_timeout_s \
@@ -324,3 +327,7 @@ class Launch:
             procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
             interrupted=interrupted, phases=launch_dir.phases(self.d, start, end, starts, ends),
             started=start, ended=end, **cleanup))
+
+
+def _units(by_rank: dict) -> str:
+    return ", ".join(f"rank {r} in {u}" for r, u in sorted(by_rank.items())) or "unknown"

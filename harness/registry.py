@@ -12,6 +12,7 @@ compute capability, names exactly how the cases fail, and says why and where tha
           - {check: optimizer_state_placement}
           - {check: reshard_load, message: "Size mismatch .*exp_avg"}   # regex on the detail
           - {check: dcp_roundtrip, quantity: state}
+          - {check: reshard, quantity: next_loss, strict: false}   # may happen (say why)
         workaround: load_without_extra_state  # optional, see harness/workarounds.py
         reason: FusedAdam keeps optimizer states as plain tensors
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
@@ -23,6 +24,10 @@ the case fails it, naming the entry and what is unexplained. Several entries may
 case when they name different checks, different quantities of one check, or one check with
 different messages (two that would explain the same failing row are an error). Strictness: a
 named check that ran and passed, or a case that passed, is an XPASS failure ("remove entry N").
+A failure marked ``strict: false`` explains a row when it happens and is not required to: for a
+symptom that depends on the values (e.g. whether a re-quantization rounds back to the same
+scale, which differs between CPUs whose matmuls round differently); the entry's reason must say
+so, and every entry must name at least one strict failure.
 Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
 recipe the GPU cannot run) are skips decided by the backend, never entries here.
 """
@@ -42,7 +47,7 @@ from .matrix import Case
 
 CASE_KEYS = ("scenario", "backend", "device")
 ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link"}
-FAILURE_KEYS = {"check", "quantity", "message"}
+FAILURE_KEYS = {"check", "quantity", "message", "strict"}
 
 
 class RegistryError(ValueError):
@@ -56,6 +61,7 @@ class Failure:
     check: str
     quantity: str | None = None
     message: str | None = None
+    strict: bool = True  # must happen where its check runs (False: may happen)
 
     def explains(self, row: dict) -> bool:
         return (row["check"] == self.check
@@ -74,7 +80,8 @@ class Failure:
 
     def __str__(self) -> str:
         s = self.check + (f"/{self.quantity}" if self.quantity else "")
-        return s + (f" /{self.message}/" if self.message else "")
+        s += f" /{self.message}/" if self.message else ""
+        return s + ("" if self.strict else " (may)")
 
 
 @dataclass
@@ -270,10 +277,16 @@ def _failures(path, where, raw) -> tuple[Failure, ...]:
             except re.error as e:
                 raise RegistryError(f"{path}: {w}.message: bad regex: {e}") from None
         q = f.get("quantity")
+        strict = f.get("strict", True)
+        if not isinstance(strict, bool):
+            raise RegistryError(f"{path}: {w}.strict: must be true or false, not {strict!r}")
         out.append(Failure(check, None if q is None else str(q),
-                           None if msg is None else str(msg)))
+                           None if msg is None else str(msg), strict))
     if len({(f.check, f.quantity) for f in out}) != len(out):
         raise RegistryError(f"{path}: {where}: a check (and quantity) is named twice")
+    if not any(f.strict for f in out):
+        raise RegistryError(f"{path}: {where}: every failure is strict: false; an entry must "
+                            f"name at least one failure that must happen")
     return tuple(out)
 
 

@@ -6,7 +6,8 @@ Exact semantics (the shape of pytest's own strict xfail, per failure instead of 
   failure) must be explained by a failure an entry names -- else the case FAILS, naming the
   entries that applied and each unexplained failure: one known bug never hides another;
 * every failure an entry names must happen where its unit ran: a named check that ran and
-  passed is a strict XPASS ("remove it from entry N"), and so is a case that passed;
+  passed is a strict XPASS ("remove it from entry N"), and so is a case that passed; a failure
+  marked ``strict: false`` (a value-dependent symptom) explains a row but need not happen;
 * coverage: each unit of the case is passed / failed / xfailed (failed, every failure
   explained) / not_run (with the reason the worker gave).
 """
@@ -51,7 +52,7 @@ def judge(rows: list[dict], status: str = "ok", errors: list[str] = (), entries=
             unexplained.append(r)
     ran_ok = _units_that_passed(rows)
     unmet = [(e, f) for e in entries for f in e.fails
-             if not any(f.explains(r) for r in bad) and f.check in ran_ok]
+             if f.strict and not any(f.explains(r) for r in bad) and f.check in ran_ok]
     coverage = _coverage(rows, bad, unexplained)
     if not bad:
         if entries:

@@ -32,7 +32,8 @@ def load_without_extra_state(run, path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    from .worker.checkpoint import app_state
+    from .worker.checkpoint import app_state, verify
+    verify(path)
     state = app_state(run)
     state["model"] = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
     dcp.load(state, checkpoint_id=str(path))

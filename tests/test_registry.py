@@ -157,6 +157,10 @@ def test_explains_exactly_the_named_failures(tmp_path):
     ("entries:\n  - match: {recipe: bf16}\n    reason: r\n    fails: {check: train}\n    why: x\n",
      "unknown field 'why'"),
     ("entries: [unclosed", "not valid YAML"),
+    ("entries:\n  - match: {recipe: bf16}\n    reason: r\n    fails: {check: load, strict: no}\n",
+     "every failure is strict: false; an entry must name at least one failure that must happen"),
+    ("entries:\n  - match: {recipe: bf16}\n    reason: r\n    fails: {check: load, strict: 0}\n",
+     "fails.strict: must be true or false, not 0"),
 ])
 def test_bad_entries(tmp_path, text, msg):
     p = tmp_path / "xfails.yaml"

@@ -99,6 +99,32 @@ def test_named_check_that_passes_is_a_strict_xpass(tmp_path):
     assert verdict.judge(rows, "ok", [], es).outcome == "xfailed"
 
 
+def test_non_strict_failure_explains_but_need_not_happen(tmp_path):
+    """``strict: false``: a value-dependent symptom explains its row when it happens; when its
+    check passes, that is no XPASS -- but it explains nothing else, and the entry's strict
+    failure must still happen."""
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: current}
+            fails:
+              - {check: async_equivalence, quantity: bytes}
+              - {check: dcp_roundtrip, quantity: state, strict: false}
+            reason: r
+        """)
+    async_fail = [cov("async_equivalence", "failed"), fail("async_equivalence", "bytes", "x")]
+    rows = async_fail + [cov("dcp_roundtrip", "passed", "ran")]
+    assert verdict.judge(rows, "ok", [], es).outcome == "xfailed"
+    rows = async_fail + [cov("dcp_roundtrip", "failed"), fail("dcp_roundtrip", "state", "y")]
+    assert verdict.judge(rows, "ok", [], es).outcome == "xfailed"
+    rows = async_fail + [cov("dcp_roundtrip", "failed"), fail("dcp_roundtrip", "next_loss", "z")]
+    v = verdict.judge(rows, "ok", [], es)
+    assert v.outcome == "failed" and "dcp_roundtrip/next_loss" in v.message
+    rows = [cov("async_equivalence", "passed"), cov("dcp_roundtrip", "failed"),
+            fail("dcp_roundtrip", "state", "y")]
+    v = verdict.judge(rows, "ok", [], es)
+    assert v.outcome == "failed" and "remove it from entry 1" in v.message
+
+
 def test_passing_case_with_an_entry_is_xpassed(tmp_path):
     es = entries(tmp_path, LOAD_ENTRY)
     v = verdict.judge([cov("train", "passed"), cov("load", "passed")], "ok", [], es)

@@ -1,8 +1,18 @@
-"""DCP save / load of a Run's model + optimizer, sync or async (thread / process staging)."""
+"""DCP save / load of a Run's model + optimizer, sync or async (thread / process staging).
+
+Every failure names the checkpoint: a save that fails raises :class:`CheckpointSaveError`
+("DCP save to <path> failed: ..."), an async save that does not finish in time or whose
+process-based stager died says so, and nothing is loaded or read from a checkpoint that
+:func:`verify` finds broken (no ``.metadata``, a shard file missing or shorter than the
+metadata says): :class:`CheckpointBroken` names the file and the sizes.
+"""
 
 from __future__ import annotations
 
 import io
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,43 +33,133 @@ def app_state(run) -> dict:
     return {"model": msd, "optim": osd}
 
 
-def save(run, path: Path, mode: str, async_group=None):
-    """Start a save; returns a handle for ``wait`` (None for sync saves, which are done).
+class CheckpointSaveError(RuntimeError):
+    """A DCP save failed or did not finish; the message names the checkpoint."""
+
+
+class CheckpointBroken(RuntimeError):
+    """A checkpoint on disk is incomplete or damaged; the message names the file."""
+
+
+@dataclass
+class Pending:
+    """An async save in flight."""
+    handle: object  # AsyncSaveResponse or Future
+    path: Path
+    mode: str
+
+
+def save(run, path: Path, mode: str, async_group=None, storage_writer=None):
+    """Start a save; returns a :class:`Pending` for ``wait`` (None for sync saves, which are
+    done). ``storage_writer``: DCP's default file system writer unless given (fault injection).
 
     Async saves coordinate over ``async_group``, a gloo group of their own: their planning
     collectives run in the background while training uses the default group, and two threads
     issuing collectives on one group deadlock (torchtitan does the same).
     """
     state = app_state(run)
-    if mode == "sync":
-        dcp.save(state, checkpoint_id=str(path))
-        return None
-    if mode == "async_process":
-        from . import stager
-        stager.wait(timeout_s=run.case.timeout_s)
-    return dcp.async_save(state, checkpoint_id=str(path), process_group=async_group,
-                          async_checkpointer_type=ASYNC_TYPES[mode])
+    try:
+        if mode == "sync":
+            dcp.save(state, checkpoint_id=str(path), storage_writer=storage_writer)
+            return None
+        if mode == "async_process":
+            from . import stager
+            stager.wait(timeout_s=run.case.timeout_s)
+        handle = dcp.async_save(state, checkpoint_id=str(path), process_group=async_group,
+                                storage_writer=storage_writer,
+                                async_checkpointer_type=ASYNC_TYPES[mode])
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointSaveError(f"DCP {mode} save to {path} failed: {_describe(e)}") from e
+    return Pending(handle, Path(path), mode)
 
 
-def wait(handle, timeout_s: float) -> None:
-    """Block until an async save is written (bounded). Raises on the save's error."""
-    if handle is None:
+def wait(pending: Pending | None, timeout_s: float) -> None:
+    """Block until an async save is written, at most ``timeout_s``. Raises
+    :class:`CheckpointSaveError` naming the checkpoint on the save's error, on a timeout, and
+    when this rank's process-based stager died (its exit code)."""
+    if pending is None:
         return
-    fut = getattr(handle, "upload_completion", handle)  # AsyncSaveResponse or Future
-    fut.result(timeout=timeout_s)
+    fut = getattr(pending.handle, "upload_completion", pending.handle)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                fut.result(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+                return
+            except FutureTimeout:
+                if time.monotonic() >= deadline:
+                    raise CheckpointSaveError(
+                        f"DCP {pending.mode} save to {pending.path} did not finish within "
+                        f"{timeout_s:.0f}s") from None
+    except CheckpointSaveError:
+        _stager_failed(pending)
+        raise
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        _stager_failed(pending)
+        from . import stager
+        dead = stager.dead() if pending.mode == "async_process" else None
+        why = dead or _describe(e)
+        raise CheckpointSaveError(f"DCP {pending.mode} save to {pending.path} failed: "
+                                  f"{why}") from e
+
+
+def _stager_failed(pending: Pending) -> None:
+    if pending.mode == "async_process":  # the stagers' own group may be out of step now
+        from . import stager
+        stager.BROKEN = True
+
+
+def _describe(e: BaseException) -> str:
+    from ..checks.record import describe
+    return describe(e)
 
 
 def load(run, path: Path) -> None:
+    verify(path)
     state = app_state(run)
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(run.model, run.optim, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
 
 
+def verify(path: Path) -> None:
+    """Refuse a checkpoint that cannot be complete: ``.metadata`` missing or unreadable, a
+    shard file it names missing or shorter than the data it places there. Raises
+    :class:`CheckpointBroken` naming the checkpoint, the file and what is wrong."""
+    path = Path(path)
+    if not (path / ".metadata").is_file():
+        raise CheckpointBroken(f"checkpoint {path} has no .metadata (DCP writes it last: the "
+                               f"save did not finish, or the file was removed); not loading it")
+    try:
+        md = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - named below
+        raise CheckpointBroken(f"checkpoint {path}: .metadata cannot be read "
+                               f"({_describe(e)}); not loading it") from e
+    needs: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        end = int(info.offset) + int(info.length)
+        needs[info.relative_path] = max(needs.get(info.relative_path, 0), end)
+    for name, end in sorted(needs.items()):
+        f = path / name
+        if not f.is_file():
+            raise CheckpointBroken(f"checkpoint {path}: shard file {name} is missing "
+                                   f"(.metadata places {end} bytes in it); not loading it")
+        size = f.stat().st_size
+        if size < end:
+            raise CheckpointBroken(f"checkpoint {path}: shard file {name} holds {size} bytes, "
+                                   f"but .metadata places data up to byte {end} (truncated); "
+                                   f"not loading it")
+
+
 def read_full(path: Path) -> dict:
     """What a checkpoint holds on disk, assembled to full tensors and flattened like
     ``Run.full_state`` (quantized tensors as raw parts). Reads the DCP files directly, chunk by
     chunk (rank-local, no collectives), with ``torch.load(weights_only=True)`` as DCP does."""
+    verify(path)
     reader = FileSystemReader(str(path))
     md = reader.read_metadata()
     chunks: dict[str, list] = {}

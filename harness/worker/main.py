@@ -56,6 +56,11 @@ class Context:
     async_group: object  # gloo group for async DCP saves' background coordination
     backend: object
     meshes: dict = field(default_factory=dict)
+    on_unit: object = None  # callback(unit): the runner names each unit as it starts
+
+    def unit_starts(self, unit: str) -> None:
+        if self.on_unit is not None:
+            self.on_unit(unit)
 
     def mesh(self, spec, names: dict | None = None):
         """One DeviceMesh per (mesh spec, dim names) for the whole launch (process groups are
@@ -153,8 +158,12 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
     for r in rec.rows:  # a failed unit's traceback goes to this rank's log too
         if r.get("traceback"):
             print(f"[{r['check']}] {r['traceback']}", flush=True)
+    from . import stager
+    if stager.BROKEN:  # a failed process-staged save: the stagers are not reused
+        print("an async_process save failed: exiting for a re-launch with fresh stagers",
+              flush=True)
     payload = dict(rank=ctx.rank, rows=rec.rows, error=error, seconds=time.time() - t0,
-                   broken=broken)
+                   broken=broken or stager.BROKEN)
     gathered = _agree(ctx, payload, plan["control_timeout_s"])
     errors = {g["rank"]: g["error"] for g in gathered if g["error"]}
     return dict(task=task["name"], case_key=case.key, phase=task["phase"],
@@ -189,8 +198,12 @@ def main(argv=None) -> int:
         if task["name"] in done:
             continue
         print(f"=== task {task['name']} start", flush=True)
+        t_task = time.time()
         _write_json(progress, dict(pid=os.getpid(), task=task["name"], state="running",
-                                   t=time.time()))
+                                   t=t_task))
+        # the unit running, for the launcher's account of a rank that dies or hangs
+        ctx.on_unit = lambda unit, name=task["name"], t=t_task: _write_json(
+            progress, dict(pid=os.getpid(), task=name, state="running", t=t, unit=unit))
         result = run_task(ctx, task, plan)
         if ctx.rank == 0:
             _write_json(root / "results" / f"{task['name']}.json", result)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .. import catalog
-from . import checkpoint, faults
+from . import checkpoint, ckpt_faults, faults
 from .run import Run, reference_run
 
 EXPECTED = "expected.pt"  # written by the train phase's save for the reshard phase
@@ -154,11 +154,15 @@ def save(art) -> dict:
     if twin is not None:
         checkpoint.save(run, twin, "sync")
         faults.before_async_save(case, run)
-    handle = checkpoint.save(run, main, mode, async_group=ctx.async_group)
+    fault = faults.fault_of(case)
+    pending = checkpoint.save(run, main, mode, async_group=ctx.async_group,
+                              storage_writer=ckpt_faults.storage_writer(fault, mode, main,
+                                                                        ctx.rank))
     # The uninterrupted run goes on at once: for async saves this mutates parameters and
     # optimizer state in place while the checkpoint is being written.
     next_loss, _ = run.step(case.train.steps)
-    checkpoint.wait(handle, timeout_s=case.timeout_s)
+    checkpoint.wait(pending, timeout_s=case.timeout_s / 2)
+    ckpt_faults.after_save(fault, main, ctx.rank)
     dist.barrier()
     next_params = run.full_params()
     next_state = run.full_state() if ctx.backend.lazy_buffers else None

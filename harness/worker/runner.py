@@ -157,6 +157,7 @@ class _Walk:
         everywhere. Returns None or a one-line reason (this rank's error, or the rank that
         failed)."""
         err, t0 = None, time.perf_counter()
+        self.ctx.unit_starts(unit)
         try:
             with self.rec.section(unit, quantity):
                 faults.before_unit(self.case, unit, self.ctx.rank)
@@ -175,7 +176,15 @@ class _Walk:
             self.rec.status(unit, "failed", f"failed (rank {failed[0][0]}: {failed[0][1]})")
             raise GroupBroken(f"the process group is out of step after {unit} failed "
                               f"(rank {failed[0][0]}: {failed[0][1]})")
-        return err or f"rank {failed[0][0]}: {failed[0][1]}"
+        return _reason(failed, self.ctx.world_size)
+
+
+def _reason(failed: list[tuple[int, str]], world_size: int) -> str:
+    """The same one-line reason on every rank: the error if all failed ranks agree, else each
+    rank's own ("rank 0: ... | rank 1: ...")."""
+    if len({f for _, f in failed}) == 1 and (len(failed) > 1 or world_size == 1):
+        return failed[0][1]
+    return " | ".join(f"rank {r}: {f[:800]}" for r, f in failed)
 
 
 def healthy(ctx, timeout_s: float) -> bool:

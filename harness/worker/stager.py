@@ -11,6 +11,7 @@ starts the process lazily as usual.
 
 from __future__ import annotations
 
+import signal
 import threading
 
 _thread: threading.Thread | None = None
@@ -46,3 +47,27 @@ def wait(timeout_s: float) -> None:
         _thread.join(timeout=timeout_s)
         if _thread.is_alive():
             raise TimeoutError(f"the DCP stager process did not start within {timeout_s:.0f}s")
+
+
+# An async_process save failed or timed out: the stagers' own process group may be out of step
+# (another rank's stager waits in a collective with a dead one), so this launch's stagers are
+# not reused -- the worker exits after the task and the rest of the batch is re-launched.
+BROKEN = False
+
+
+def dead() -> str | None:
+    """A one-line account of this rank's stager process if it has died, else None."""
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as ape
+        proc = ape._CHECKPOINT_PROCESS._save_process
+    except Exception:  # noqa: BLE001 - none started, or the private API changed
+        return None
+    proc.join(timeout=5.0)  # its pipe closes a moment before it can be reaped
+    if proc.is_alive():
+        return None
+    code = proc.exitcode
+    how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 \
+        else f"exit code {code}"
+    import os
+    return f"rank {os.environ.get('RANK', '?')}'s async_process stager process (pid {proc.pid}) " \
+           f"died ({how})"
