@@ -52,6 +52,12 @@ class Execution:
                                    else max(1, (os.cpu_count() or 1) // 4))
         self.scheduler.on_launch.append(on_launch)
 
+    def shutdown(self) -> None:
+        """The lanes end: at once if every case has its result, else they are stopped (a run
+        cut short by -x, --maxfail or Ctrl-C). Bounded."""
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+
     def cleanup(self, keep_work: bool) -> None:
         if not keep_work:
             shutil.rmtree(self.work, ignore_errors=True)

@@ -2,6 +2,7 @@
 there -- progress (pid, running task), results, timelines, logs and stacks -- and the plan.
 
     plan.json             tasks, directories, timeouts (written by the launcher)
+    queue/NNNNNN.json     tasks fed while the launch lives; queue/closed: no more will come
     progress/rank{R}.json pid, task being run, state     progress/timeline{R}.json  phases
     results/{task}.json   the task's merged rows (rank 0, atomic)
     logs/rank{R}.log      stdout + stderr, "=== task T start/end" markers
@@ -20,15 +21,39 @@ from .tasks import TaskResult
 LOG_TAIL = 6000
 
 
-def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeout_s: float) -> Path:
-    case_timeout = max(t.case.timeout_s for t in tasks)
+def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeout_s: float,
+               *, idle_timeout_s: float = 3600.0, timeout_s: float | None = None) -> Path:
+    """``timeout_s``: the largest case timeout the launch may see (fed tasks included)."""
+    case_timeout = timeout_s or max(t.case.timeout_s for t in tasks)
     plan = dict(dir=str(d), backend=backend, device=device,
                 collective_timeout_s=min(collective_timeout_s, case_timeout / 2),
                 control_timeout_s=case_timeout, health_timeout_s=15.0,
-                tasks=[t.to_json() for t in tasks])
+                idle_timeout_s=idle_timeout_s, tasks=[t.to_json() for t in tasks])
     plan_path = d / "plan.json"
     plan_path.write_text(json.dumps(plan, indent=1))
+    (d / "queue").mkdir(exist_ok=True)
     return plan_path
+
+
+def feed(d: Path, seq: int, tasks: list) -> None:
+    """Queue file ``seq`` (1, 2, ...) with more tasks for the running launch (atomic)."""
+    _atomic(d / "queue" / f"{seq:06d}.json", json.dumps([t.to_json() for t in tasks]))
+
+
+def close_feed(d: Path, count: int) -> None:
+    """No more tasks: the ranks end once they ran the ``count`` queue files' tasks."""
+    _atomic(d / "queue" / "closed", str(count))
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def result_names(d: Path) -> set[str]:
+    """Tasks with a result file (names only: cheap to poll)."""
+    return {p.stem for p in (d / "results").glob("*.json")}
 
 
 def current(d: Path):
@@ -46,9 +71,10 @@ def current(d: Path):
     first = min(running, key=lambda p: p["t"])
     return first["task"], first["t"], [p["pid"] for p in progress if p.get("pid")]
 
-def collect(d: Path, launch: str, by_name: dict) -> dict[str, TaskResult]:
+def collect(d: Path, launch: str, by_name: dict, names=None) -> dict[str, TaskResult]:
+    """The results of the launch's tasks (only ``names`` when given)."""
     out = {}
-    for name, r in results(d).items():
+    for name, r in results(d, names).items():
         if name not in by_name:
             continue
         errors = {int(k): v for k, v in r["errors"].items()}
@@ -81,9 +107,11 @@ def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
     return out
 
 
-def results(d: Path) -> dict:
+def results(d: Path, names=None) -> dict:
     out = {}
-    for p in (d / "results").glob("*.json"):
+    paths = (d / "results").glob("*.json") if names is None else \
+        [d / "results" / f"{n}.json" for n in names]
+    for p in paths:
         try:
             out[p.stem] = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):

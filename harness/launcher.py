@@ -1,62 +1,69 @@
-"""Run a batch of tasks (case phases of one world size) under real torchrun.
+"""Run tasks (case phases) under real torchrun, one world size and GPU slot per *lane*.
 
-One launch runs many tasks in one process group (process start costs seconds). Every wait is
-bounded:
-
-* a task running past its case's ``timeout_s`` gets its ranks' Python stacks (SIGUSR1 ->
-  faulthandler) attached, the whole process group is killed (``start_new_session=True`` +
-  ``killpg``), the task is reported as ``timeout`` and the rest of the batch is re-launched;
-* a launch that dies (a rank crashed or exited) blames the task that was running, with each
-  rank's log of that task and the exit status, and re-launches the rest;
-* a launch that never starts a task within ``startup_timeout_s`` fails every task with the
-  torchrun log, rather than looping.
-
-However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, :meth:`Launcher.stop`),
-every process it started is killed before the next one starts: torchrun, its ranks (each in a
-session of its own), their async DCP stager processes and simulated nodes all carry the launch's
-tag in their environment and are found through ``/proc`` (harness/procs.py), wherever they were
-reparented; the record says how many were killed and lists any survivor. torchrun is tethered to
-this process and each rank to torchrun (``PR_SET_PDEATHSIG``), so a killed pytest takes its
-launches with it. On GPU the launch's processes must also release their GPU memory (bounded
-wait, ``nvidia-smi``; harness/gpu.py) before the next launch starts.
-
-No shell is involved: the command is an argv list.
+A lane is a sequence of launches (:class:`harness.launch.Launch`) that pulls its tasks from a
+source (the scheduler): the launch starts with what is ready and is fed more while it lives, so
+a whole run pays one process start, import and process-group set-up per world size and GPU slot
+-- not one per batch. After a timeout or crash the lane starts a new launch with the tasks the
+dead one left unfinished (and whatever the source has by then). :meth:`Launcher.run_batch` runs
+a fixed list of tasks the same way, spread over the GPU slots (tests, simple callers).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+from typing import Protocol
 
-from . import gpu, launch_dir, procs
-from .interrupt import Interrupted, deferred
+from . import procs
+from .interrupt import Interrupted
+from .launch import SAFE_ENV, Launch, TaskSource
 from .tasks import LaunchRecord, Task, TaskResult
 
-__all__ = ["Launcher", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
+__all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "TaskSource", "SAFE_ENV",
+           "STOP_JOIN_S", "StaticSource"]
 
-# Kept in every launched environment (GPU hosts are shared: NVLink multicast can take them
-# down for everyone; see DEVELOPERS.md / the device tool's KINDS.md).
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONFAULTHANDLER": "1",
-            # deterministic cuBLAS (bitwise next-step checks on GPU)
-            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-POLL_S = 0.2
-STACK_GRACE_S = 3.0
-KILL_WAIT_S = 15.0  # bounded wait for a launch's killed processes to be gone
-GPU_RELEASE_S = 30.0  # bounded wait for their GPU memory to be free again
 STOP_JOIN_S = 60.0  # bounded wait for GPU-slot threads after a stop
 
 
+class Lane(Protocol):
+    """A :class:`TaskSource` that a lane also asks for its first tasks and gives back what a
+    dead launch left unfinished."""
+
+    def first(self) -> list[Task] | None:
+        """Block until tasks are ready for a new launch; None once the lane has no more."""
+
+    def requeue(self, tasks: list[Task]) -> None:
+        """Tasks a launch left unfinished (timeout / crash): run them again."""
+
+
+class StaticSource:
+    """A lane over a fixed list of tasks: all of them in the first launch, the unfinished ones
+    again after a timeout or crash, nothing fed."""
+
+    def __init__(self, tasks: list[Task]):
+        self.left, self.results = list(tasks), {}
+        self.timeout_s = max((t.case.timeout_s for t in tasks), default=0.0)
+
+    def first(self) -> list[Task] | None:
+        out, self.left = self.left, []
+        return out or None
+
+    def more(self, launch) -> None:
+        return None
+
+    def finished(self, results: dict[str, TaskResult]) -> None:
+        self.results.update(results)
+
+    def requeue(self, tasks: list[Task]) -> None:
+        self.left = [t for t in tasks if t.name not in self.results]
+
+
 class Launcher:
-    """Runs batches of tasks, each batch spread over the GPU slots, each slot's share re-launched
-    after a timeout or crash until every task has a result. One launch is a :class:`Launch`."""
+    """Starts launches: lanes fed by the scheduler (:meth:`run_lane`) or fixed batches
+    (:meth:`run_batch`); the argv of a launch; the records of every launch."""
 
     def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
@@ -142,23 +149,33 @@ class Launcher:
         return results
 
     def _run_chunk(self, tasks: list[Task], world_size: int, env: dict) -> dict:
-        results: dict[str, TaskResult] = {}
-        remaining = list(tasks)
-        while remaining:
+        source = StaticSource(tasks)
+        self.run_lane(source, world_size, env)
+        return source.results
+
+    def run_lane(self, source, world_size: int, env: dict) -> None:
+        """Launch after launch on one slot until ``source`` has no more tasks: each launch
+        starts with ``source.first()`` and is fed while it lives; what a timeout or crash
+        left unfinished goes back with ``source.requeue``. Results reach ``source.finished``."""
+        while True:
             if self._stop.is_set():
                 raise Interrupted("the run is being stopped")
-            got = Launch(self, remaining, world_size, env).run()
+            tasks = source.first()
+            if not tasks:
+                return
+            launch = Launch(self, tasks, world_size, env, source)
+            got = launch.run()
             if not got:  # cannot happen by construction; never loop forever
-                raise RuntimeError("launch produced no result")
-            results.update(got)
-            remaining = [t for t in remaining if t.name not in results]
-        return results
+                raise RuntimeError(f"launch {launch.name} produced no result")
+            left = launch.unfinished()
+            if left:
+                source.requeue(left)
 
     def new_dir(self) -> tuple[str, Path]:
         with self._lock:
             name = f"L{next(self._counter):03d}"
         d = self.root / name
-        for sub in ("logs", "stacks", "progress", "results"):
+        for sub in ("logs", "stacks", "progress", "results", "queue"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         return name, d
 
@@ -188,146 +205,3 @@ class Launcher:
             self.records.append(rec)
         for cb in self.on_record:
             cb(rec)
-
-
-class Launch:
-    """One torchrun launch of ``tasks``: start the agents, watch for a hung task, end every
-    process of the launch, read the results, record the launch."""
-
-    def __init__(self, launcher: Launcher, tasks: list[Task], world_size: int, env: dict):
-        self.l, self.tasks, self.world_size, self.env = launcher, tasks, world_size, env
-        self.name, self.d = launcher.new_dir()
-        self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
-                                               launcher.collective_timeout_s)
-        self.tag = procs.new_tag(self.name)
-        self.by_name = {t.name: t for t in tasks}
-        self.agents: list[subprocess.Popen] = []
-
-    def _env(self) -> dict:
-        full = {**os.environ, **self.l.extra_env, **self.env, **SAFE_ENV, procs.TAG_VAR: self.tag}
-        repo = str(Path(__file__).resolve().parent.parent)
-        # the harness, then the directory pytest runs in (on the pytest process's sys.path with
-        # ``python -m pytest``): a model factory importable there is importable in the workers
-        full["PYTHONPATH"] = os.pathsep.join(
-            p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
-        return full
-
-    def run(self) -> dict[str, TaskResult]:
-        start = time.time()
-        hung, timed_out, stopped = None, False, False
-        try:
-            env = self._env()
-            with open(self.d / "torchrun.log", "w") as out:
-                for argv in self.l.commands(self.plan_path, self.world_size, self.name):
-                    self.agents.append(subprocess.Popen(
-                        argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                        start_new_session=True, cwd=str(self.d)))
-            hung, timed_out = self._watch(start)
-        except BaseException:  # Ctrl-C / SIGTERM / stop(): record the launch, then re-raise
-            stopped = True
-            raise
-        finally:
-            with deferred():  # a second Ctrl-C must not cut the clean-up short
-                cleanup = self._end_processes()
-                if stopped:  # keep the tasks that finished before the stop
-                    done = launch_dir.collect(self.d, self.name, self.by_name)
-                    with self.l._lock:
-                        self.l.salvaged.update(done)
-                    self._record(start, time.time(), False, cleanup, done, interrupted=True)
-        end = time.time()
-        results = self._results(start, end, hung, timed_out)
-        self._record(start, end, timed_out, cleanup, results)
-        return results
-
-    def _watch(self, start: float) -> tuple[str | None, bool]:
-        """Poll until the agents exit, a task runs past its timeout (its stacks are dumped
-        first), or nothing starts within ``startup_timeout_s``. Returns (hung task, timed out).
-        Raises :class:`Interrupted` when the launcher was stopped."""
-        while None in (states := [p.poll() for p in self.agents]):
-            if any(rc not in (None, 0) for rc in states):
-                break  # one agent failed: the others would wait for it forever
-            if self.l._stop.is_set():
-                raise Interrupted("the run is being stopped")
-            time.sleep(POLL_S)
-            current = launch_dir.current(self.d)
-            if current is None:
-                if not launch_dir.results(self.d) and \
-                        time.time() - start > self.l.startup_timeout_s:
-                    return None, True
-                continue
-            task_name, t0, pids = current
-            task = self.by_name.get(task_name)
-            if task and time.time() - t0 > task.case.timeout_s:
-                procs.signal_all(pids, signal.SIGUSR1)  # faulthandler stack dump
-                time.sleep(STACK_GRACE_S)
-                return task_name, True
-        return None, False
-
-    def _end_processes(self) -> dict:
-        """Kill every process of the launch and wait until they are gone (bounded); on GPU,
-        wait until they released their GPU memory. Returns what the launch record keeps."""
-        for p in self.agents:  # srun first gets a SIGTERM to forward to the remote nodes
-            if self.l.node_launcher:
-                procs.terminate_gently(p)
-        # the ranks this launch's progress files name (pids checked against the plan: a stale
-        # pid may belong to someone else by now) and everything below the agents
-        ranks = [pid for pid in launch_dir.progress_pids(self.d)
-                 if str(self.plan_path) in procs.cmdline(pid)]
-        extra = set(ranks) | procs.descendants([p.pid for p in self.agents])
-        for p in self.agents:
-            procs.kill_group(p)
-        killed, leaked = procs.kill_tagged(self.tag, extra, timeout_s=KILL_WAIT_S)
-        for p in self.agents:
-            procs.reap(p)
-        held = []
-        if self.l.device == "cuda":
-            held = gpu.wait_released(set(killed) | extra | {p.pid for p in self.agents},
-                                     timeout_s=GPU_RELEASE_S)
-        return dict(killed=len(killed), leaked=leaked, gpu_held=held)
-
-    def _results(self, start, end, hung, timed_out) -> dict:
-        """Each task's result: from the ranks' result files, else timeout / crash."""
-        d, name = self.d, self.name
-        results = launch_dir.collect(d, name, self.by_name)
-        returncode = procs.returncode(self.agents)
-        if hung is not None:
-            results[hung] = TaskResult(
-                name=hung, status="timeout", launch=name, seconds=end - start,
-                errors={-1: f"timed out after {self.by_name[hung].case.timeout_s:.0f}s "
-                            f"(case timeout_s); units running: "
-                            f"{_units(launch_dir.units(d, hung))}; ranks' Python stacks below"},
-                stacks=launch_dir.read_stacks(d), logs=launch_dir.task_logs(d, hung))
-        elif len(results) < len(self.by_name):
-            current = launch_dir.current(d)
-            started = current[0] if current else None
-            log = launch_dir.tail(d / "torchrun.log")
-            if started is not None:
-                results[started] = TaskResult(
-                    name=started, status="crash", launch=name, seconds=end - start,
-                    errors={-1: f"the launch died while this task ran (torchrun exit status "
-                                f"{returncode}): "
-                                f"{launch_dir.crash_account(d, self.by_name[started])}; "
-                                f"per-rank logs below\n{log}"},
-                    logs=launch_dir.task_logs(d, started))
-            elif not results:
-                why = "did not start a task within %.0fs" % self.l.startup_timeout_s \
-                    if timed_out else f"exited with status {returncode} before any task started"
-                for t in self.by_name.values():
-                    results[t.name] = TaskResult(
-                        name=t.name, status="crash", launch=name,
-                        errors={-1: f"torchrun {why}\n{log}"}, logs=launch_dir.all_logs(d))
-        return results
-
-    def _record(self, start, end, timed_out, cleanup, results, interrupted=False) -> None:
-        starts = [r.started for r in results.values() if r.started]
-        ends = [r.ended for r in results.values() if r.ended]
-        overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
-        self.l.add_record(LaunchRecord(
-            self.name, self.world_size, len(results), end - start, overhead,
-            procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
-            interrupted=interrupted, phases=launch_dir.phases(self.d, start, end, starts, ends),
-            started=start, ended=end, **cleanup))
-
-
-def _units(by_rank: dict) -> str:
-    return ", ".join(f"rank {r} in {u}" for r, u in sorted(by_rank.items())) or "unknown"

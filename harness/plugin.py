@@ -138,6 +138,12 @@ class _XdistHooks:
     def pytest_configure_node(self, node):
         node.workerinput["harness_run_id"] = self.hs.run_id
 
+    def pytest_testnodedown(self, node, error):
+        """A worker's launches that ended after its last report (long-lived lanes end with the
+        run) come back with the worker's output."""
+        out = getattr(node, "workeroutput", None) or {}
+        self.hs.record.launch_records += out.get("harness_launch_records", [])
+
     def pytest_xdist_node_collection_finished(self, node, ids):
         self.hs.note_selected(ids)  # the controller learns which cases the run selected
 
@@ -263,8 +269,13 @@ class HarnessSession:
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         with interrupt.deferred():  # a second Ctrl-C must not cut the history write short
             try:
+                if self.execution is not None:  # the lanes end (bounded) and record themselves
+                    self.execution.shutdown()
                 if self.worker_id is None:  # xdist workers: the controller writes the report
                     self._finish(exitstatus)
+                elif hasattr(self.config, "workeroutput"):
+                    self.config.workeroutput["harness_launch_records"] = \
+                        self.record.pop_launch_records()
             finally:
                 if self.execution is not None:
                     self.execution.cleanup(self.config.getoption("keep_work"))
@@ -274,8 +285,8 @@ class HarnessSession:
     def _finish(self, exitstatus) -> None:
         rec = self.record
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED  # Ctrl-C / SIGTERM
+        rec.launch_records += rec.pop_launch_records()  # launches that ended after the reports
         if interrupted:
-            rec.launch_records += rec.pop_launch_records()  # the interrupted launch's
             for cid, outcome, info in interrupt.unfinished(self, rec.collected):
                 rec.collected[cid] = (outcome, info)
         if rec.collected and rec.write_reports:

@@ -162,21 +162,22 @@ FAKE_LAUNCHES = """
 import harness.launcher as launcher
 from harness.launcher import TaskResult
 
-_real = launcher.Launcher.run_batch
+_real = launcher.Launcher.run_lane
 
 
-def _fake(self, tasks, world_size, env=None):
+def _fake(self, source, world_size, env):
     # what a report dir that fills up or turns read-only mid-run looks like at the end
     (self.root.parents[2] / "history").write_text("a file where the history dir goes")
-    return {t.name: TaskResult(t.name, "ok") for t in tasks}
+    while tasks := source.first():
+        source.finished({t.name: TaskResult(t.name, "ok") for t in tasks})
 
 
 def pytest_configure(config):
-    launcher.Launcher.run_batch = _fake
+    launcher.Launcher.run_lane = _fake
 
 
 def pytest_unconfigure(config):
-    launcher.Launcher.run_batch = _real
+    launcher.Launcher.run_lane = _real
 """
 
 

@@ -47,8 +47,8 @@ def outcome(tmp_path_factory):
     (tmp / "ckpt_faults.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp / "ckpt_faults.yaml"), "torch")
     launcher = Launcher(tmp / "launches", "torch", "cpu")
-    sched = Scheduler(launcher, cases, tmp / "ckpt")
-    with Sampler(tmp / "launches") as sampler:
+    with Sampler(tmp / "launches") as sampler, \
+            Scheduler(launcher, cases, tmp / "ckpt") as sched:  # exit: the lanes end
         results = {(c.ax["dcp"], c.ax["fault"]): sched.result(c) for c in cases}
     survivors = sampler.survivors()
     for pid in survivors:  # never leave them running, even when the test fails

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.integration
 def tied(tmp_path_factory):
     cases = expand(load_scenario(TEST_SCENARIOS / "negative_controls_models.yaml"), "torch")
     root = tmp_path_factory.mktemp("tied")
-    sched = Scheduler(Launcher(root / "launches", "torch", "cpu"), cases, root / "ckpt")
-    return {c.ax["fault"]: sched.result(c) for c in cases}
+    with Scheduler(Launcher(root / "launches", "torch", "cpu"), cases, root / "ckpt") as sched:
+        return {c.ax["fault"]: sched.result(c) for c in cases}
 
 
 def _rows(res, phase, quantity, metric="violations"):

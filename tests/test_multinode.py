@@ -33,7 +33,8 @@ def test_two_simulated_nodes_run_a_4_rank_case(tmp_path):
     case = next(c for c in expand(load_scenario(ROOT / "scenarios" / "smoke.yaml"))
                 if c.label == "fp32-dp2xtp2-MultiheadAttention-async_thread-none")
     launcher = Launcher(tmp_path / "launches", "torch", "cpu", nnodes=2)
-    res = Scheduler(launcher, [case], tmp_path / "ckpt").result(case)
+    with Scheduler(launcher, [case], tmp_path / "ckpt") as sched:
+        res = sched.result(case)
     assert res.passed, (res.errors, res.failed_rows)
     assert {r["check"] for r in res.rows} >= {"fp32_parity", "dcp_roundtrip", "async_equivalence"}
     (plan_dir,) = (tmp_path / "launches").iterdir()

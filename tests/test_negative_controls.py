@@ -24,10 +24,10 @@ def outcome(tmp_path_factory):
     cases = expand(spec, "torch")
     root = tmp_path_factory.mktemp("neg")
     launcher = Launcher(root / "launches", "torch", "cpu")
-    sched = Scheduler(launcher, cases, root / "ckpt")
-    results = {c.ax["fault"] + ":" + c.ax["reshard"] + ":" + c.ax["dcp"]
-               + ("" if c.ax["mesh"] == "dp2" else ":" + c.ax["mesh"]): sched.result(c)
-               for c in cases}
+    with Scheduler(launcher, cases, root / "ckpt") as sched:
+        results = {c.ax["fault"] + ":" + c.ax["reshard"] + ":" + c.ax["dcp"]
+                   + ("" if c.ax["mesh"] == "dp2" else ":" + c.ax["mesh"]): sched.result(c)
+                   for c in cases}
     return results, launcher
 
 
@@ -122,8 +122,9 @@ def quantized(tmp_path_factory):
     spec = load_scenario(TEST_SCENARIOS / "negative_controls_reference.yaml")
     cases = expand(spec, "reference")
     root = tmp_path_factory.mktemp("negq")
-    sched = Scheduler(Launcher(root / "launches", "reference", "cpu"), cases, root / "ckpt")
-    return {f'{c.ax["fault"]}:{c.ax["fixes"]}': sched.result(c) for c in cases}
+    with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
+                   root / "ckpt") as sched:
+        return {f'{c.ax["fault"]}:{c.ax["fixes"]}': sched.result(c) for c in cases}
 
 
 def test_a_buffer_lost_on_load_fails_the_roundtrip(quantized):

@@ -58,8 +58,8 @@ def test_no_process_survives_hang_crash_raise(tmp_path):
     (tmp_path / "leaks.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp_path / "leaks.yaml"), "torch")
     launcher = Launcher(tmp_path / "launches", "torch", "cpu")
-    sched = Scheduler(launcher, cases, tmp_path / "ckpt")
-    with Sampler(tmp_path / "launches") as sampler:
+    with Sampler(tmp_path / "launches") as sampler, \
+            Scheduler(launcher, cases, tmp_path / "ckpt") as sched:  # exit: the lanes end
         results = {c.ax["fault"]: sched.result(c) for c in cases}
     assert results["none"].passed, results["none"].errors
     assert results["hang"].status == "timeout"
@@ -67,7 +67,7 @@ def test_no_process_survives_hang_crash_raise(tmp_path):
     raised = [r for r in results["raise"].failed_rows if r["check"] == "train"]
     assert raised and "injected fault" in raised[0]["detail"]  # recorded, the launch went on
     kinds = Counter(_kind(c) for c in sampler.seen.values())
-    print(f"processes seen: {dict(kinds)}")
+    print(f"processes seen: {dict(kinds)}"); print("\n".join(f"{p} {c[:160]}" for p, c in sampler.seen.items()))
     assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
     assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
     survivors = sampler.survivors()

@@ -20,8 +20,9 @@ SCENARIO = Path(__file__).resolve().parent / "scenarios" / "sized_bugs.yaml"
 def sized(tmp_path_factory):
     cases = expand(load_scenario(SCENARIO), "reference")
     root = tmp_path_factory.mktemp("sized")
-    sched = Scheduler(Launcher(root / "launches", "reference", "cpu"), cases, root / "ckpt")
-    return {(c.recipe, c.ax["fault"]): sched.result(c) for c in cases}
+    with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
+                   root / "ckpt") as sched:
+        return {(c.recipe, c.ax["fault"]): sched.result(c) for c in cases}
 
 
 def _rows(res, check, quantity):

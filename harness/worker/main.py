@@ -1,7 +1,8 @@
 """Per-rank entry point: one process group, many cases.
 
 The launcher writes a plan (JSON: tasks, directories, timeouts) and starts
-``python -m torch.distributed.run ... -m harness.worker --plan PLAN``. For each task this:
+``python -m torch.distributed.run ... -m harness.worker --plan PLAN``. The tasks are the plan's
+and those the launcher feeds while the launch lives (``worker.task_feed``). For each task this:
 
 1. writes ``progress/rank{R}.json`` (pid, task, start time) so the launcher's watchdog knows
    which case is running and whom to signal;
@@ -70,6 +71,21 @@ class Context:
             from .parallel import device_mesh
             self.meshes[key] = device_mesh(spec, self.device_type, names)
         return self.meshes[key]
+
+
+PROFILE_VAR = "HARNESS_PROFILE_DIR"  # set: each rank writes a cProfile of its run there
+
+
+def _start_profile():
+    """A running cProfile when ``HARNESS_PROFILE_DIR`` is set (python -m harness bench
+    --profile), else None."""
+    if not os.environ.get(PROFILE_VAR):
+        return None
+    import cProfile
+    Path(os.environ[PROFILE_VAR]).mkdir(parents=True, exist_ok=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
 
 
 def _write_json(path: Path, obj) -> None:
@@ -179,6 +195,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from .. import procs
     procs.tether(procs.expected_parent())  # die with the torchrun agent
+    profile = _start_profile()
     plan = json.loads(Path(args.plan).read_text())
     root = Path(plan["dir"])
     rank = int(os.environ["RANK"])
@@ -193,8 +210,11 @@ def main(argv=None) -> int:
     from . import gather
     gather.GROUP = ctx.exchange
     from . import runner
+    from . import task_feed
     done = set(p.stem for p in (root / "results").glob("*.json"))
-    for task in plan["tasks"]:
+    idle = lambda: _write_json(progress, dict(pid=os.getpid(), task=None, state="idle",  # noqa: E731
+                                              t=time.time()))
+    for task in task_feed.tasks(root, plan, on_idle=idle):
         if task["name"] in done:
             continue
         print(f"=== task {task['name']} start", flush=True)
@@ -220,6 +240,9 @@ def main(argv=None) -> int:
     dist.destroy_process_group()
     timeline["exit"] = time.time()
     _write_json(root / "progress" / f"timeline{rank}.json", timeline)
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(str(Path(os.environ[PROFILE_VAR]) / f"{root.name}-rank{rank}.prof"))
     # Everything is written: skip the interpreter's teardown (seconds of module and thread
     # clean-up per rank at every launch's end). The stager process exits when our end of its
     # pipe closes; the launcher kills whatever of the launch is left anyway.

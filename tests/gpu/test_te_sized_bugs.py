@@ -35,9 +35,9 @@ def sized(tmp_path_factory):
     cases = expand(load_scenario(SCENARIO), "te")
     root = tmp_path_factory.mktemp("te_sized")
     gpus = [str(i) for i in range(torch.cuda.device_count())]
-    sched = Scheduler(Launcher(root / "launches", "te", "cuda", gpus=gpus, launches_per_gpu=3),
-                      cases, root / "ckpt")
-    return {(c.recipe, c.ax["fault"]): sched.result(c) for c in cases}
+    with Scheduler(Launcher(root / "launches", "te", "cuda", gpus=gpus, launches_per_gpu=3),
+                   cases, root / "ckpt") as sched:
+        return {(c.recipe, c.ax["fault"]): sched.result(c) for c in cases}
 
 
 def _fails(res, check, quantity) -> bool:

@@ -1,0 +1,248 @@
+"""One torchrun launch: start the agents, feed them tasks while they live, watch for a hung
+task, hand each result on as it appears, end every process of the launch, record it.
+
+A launch starts with the tasks of its plan and, when it has a *source* (the scheduler's view of
+one lane: a world size and GPU slot), asks it for more on every poll and writes them to the
+launch's queue (``worker.task_feed``); when the source says no more will come, the queue is
+closed and the ranks exit once they ran everything. Without a source the queue is closed at
+once (the plan's tasks only).
+
+Every wait is bounded:
+
+* a task running past its case's ``timeout_s`` gets its ranks' Python stacks (SIGUSR1 ->
+  faulthandler) attached, every process of the launch is killed, the task is reported as
+  ``timeout``; the lane re-launches the launch's unfinished tasks;
+* a launch that dies (a rank crashed or exited) blames the task that was running, with each
+  rank's log of that task, the unit each rank was in and the exit status;
+* a launch that never starts a task within ``startup_timeout_s`` fails its tasks with the
+  torchrun log, rather than looping.
+
+However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, :meth:`Launcher.stop`),
+every process it started is killed before the next one starts: torchrun, its ranks (each in a
+session of its own), their async DCP stager processes and simulated nodes all carry the launch's
+tag in their environment and are found through ``/proc`` (harness/procs.py), wherever they were
+reparented; the record says how many were killed and lists any survivor. torchrun is tethered to
+the harness process and each rank to torchrun (``PR_SET_PDEATHSIG``), so a killed pytest takes
+its launches with it. On GPU the launch's processes must also release their GPU memory (bounded
+wait, ``nvidia-smi``; harness/gpu.py) before the next launch starts.
+
+No shell is involved: the command is an argv list.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Protocol
+
+from . import gpu, launch_dir, procs
+from .interrupt import Interrupted, deferred
+from .tasks import LaunchRecord, Task, TaskResult
+
+# Kept in every launched environment (GPU hosts are shared: NVLink multicast can take them
+# down for everyone; see DEVELOPERS.md / the device tool's KINDS.md).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",
+            # deterministic cuBLAS (bitwise next-step checks on GPU)
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+POLL_S = 0.1
+STACK_GRACE_S = 3.0
+KILL_WAIT_S = 15.0  # bounded wait for a launch's killed processes to be gone
+GPU_RELEASE_S = 30.0  # bounded wait for their GPU memory to be free again
+
+
+class TaskSource(Protocol):
+    """Where a long-lived launch gets more tasks and leaves its results (the scheduler)."""
+    timeout_s: float  # the largest case timeout of any task it may hand out
+
+    def more(self, launch: "Launch") -> list[Task] | None:
+        """Tasks to add now ([] for none yet); None once no more will come."""
+
+    def finished(self, results: dict[str, TaskResult]) -> None:
+        """Results, as they appear."""
+
+
+class Launch:
+    """One torchrun launch of ``tasks`` (and, with a ``source``, those it feeds while the
+    launch lives); see the module docstring."""
+
+    def __init__(self, launcher, tasks: list[Task], world_size: int, env: dict,
+                 source: TaskSource | None = None):
+        self.l, self.world_size, self.env, self.source = launcher, world_size, env, source
+        self.name, self.d = launcher.new_dir()
+        timeout = max([t.case.timeout_s for t in tasks] + [getattr(source, "timeout_s", 0.0)])
+        self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
+                                               launcher.collective_timeout_s, timeout_s=timeout)
+        self.tag = procs.new_tag(self.name)
+        self.by_name = {t.name: t for t in tasks}
+        self.agents: list[subprocess.Popen] = []
+        self.delivered: dict[str, TaskResult] = {}  # results handed to the source
+        self.fed, self.closed = 0, source is None
+        if self.closed:
+            launch_dir.close_feed(self.d, 0)
+
+    def unfinished(self) -> list[Task]:
+        """Tasks of this launch without a result (to run again in a new launch)."""
+        return [t for n, t in self.by_name.items() if n not in self.delivered]
+
+    def _deliver(self, results: dict[str, TaskResult]) -> None:
+        new = {n: r for n, r in results.items() if n not in self.delivered}
+        self.delivered.update(new)
+        if new and self.source is not None:
+            self.source.finished(new)
+
+    def _pump(self) -> None:
+        """Hand on new results; feed the ranks what the source has for them."""
+        names = launch_dir.result_names(self.d) - set(self.delivered)
+        if names:
+            self._deliver(launch_dir.collect(self.d, self.name, self.by_name, names))
+        if self.closed:
+            return
+        more = self.source.more(self)
+        if more is None:
+            launch_dir.close_feed(self.d, self.fed)
+            self.closed = True
+        elif more:
+            self.fed += 1
+            self.by_name.update((t.name, t) for t in more)
+            launch_dir.feed(self.d, self.fed, more)
+
+    def run(self) -> dict[str, TaskResult]:
+        start = time.time()
+        hung, timed_out, stopped = None, False, False
+        try:
+            env = _env(self)
+            with open(self.d / "torchrun.log", "w") as out:
+                for argv in self.l.commands(self.plan_path, self.world_size, self.name):
+                    self.agents.append(subprocess.Popen(
+                        argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                        start_new_session=True, cwd=str(self.d)))
+            hung, timed_out = self._watch(start)
+        except BaseException:  # Ctrl-C / SIGTERM / stop(): record the launch, then re-raise
+            stopped = True
+            raise
+        finally:
+            with deferred():  # a second Ctrl-C must not cut the clean-up short
+                cleanup = self._end_processes()
+                if stopped:  # keep the tasks that finished before the stop
+                    done = launch_dir.collect(self.d, self.name, self.by_name)
+                    with self.l._lock:
+                        self.l.salvaged.update(done)
+                    self._deliver(done)
+                    self._record(start, time.time(), False, cleanup, done, interrupted=True)
+        end = time.time()
+        results = _results(self, start, end, hung, timed_out)
+        self._deliver(results)
+        self._record(start, end, timed_out, cleanup, results)
+        return results
+
+    def _watch(self, start: float) -> tuple[str | None, bool]:
+        """Poll until the agents exit, a task runs past its timeout (its stacks are dumped
+        first), or nothing starts within ``startup_timeout_s``. Returns (hung task, timed out).
+        Raises :class:`Interrupted` when the launcher was stopped."""
+        while None in (states := [p.poll() for p in self.agents]):
+            if any(rc not in (None, 0) for rc in states):
+                break  # one agent failed: the others would wait for it forever
+            if self.l._stop.is_set():
+                raise Interrupted("the run is being stopped")
+            time.sleep(POLL_S)
+            self._pump()
+            current = launch_dir.current(self.d)
+            if current is None:
+                if not self.delivered and time.time() - start > self.l.startup_timeout_s:
+                    return None, True
+                continue
+            task_name, t0, pids = current
+            task = self.by_name.get(task_name)
+            if task and time.time() - t0 > task.case.timeout_s:
+                procs.signal_all(pids, signal.SIGUSR1)  # faulthandler stack dump
+                time.sleep(STACK_GRACE_S)
+                return task_name, True
+        return None, False
+
+    def _end_processes(self) -> dict:
+        """Kill every process of the launch and wait until they are gone (bounded); on GPU,
+        wait until they released their GPU memory. Returns what the launch record keeps."""
+        for p in self.agents:  # srun first gets a SIGTERM to forward to the remote nodes
+            if self.l.node_launcher:
+                procs.terminate_gently(p)
+        # the ranks this launch's progress files name (pids checked against the plan: a stale
+        # pid may belong to someone else by now) and everything below the agents
+        ranks = [pid for pid in launch_dir.progress_pids(self.d)
+                 if str(self.plan_path) in procs.cmdline(pid)]
+        extra = set(ranks) | procs.descendants([p.pid for p in self.agents])
+        for p in self.agents:
+            procs.kill_group(p)
+        killed, leaked = procs.kill_tagged(self.tag, extra, timeout_s=KILL_WAIT_S)
+        for p in self.agents:
+            procs.reap(p)
+        held = []
+        if self.l.device == "cuda":
+            held = gpu.wait_released(set(killed) | extra | {p.pid for p in self.agents},
+                                     timeout_s=GPU_RELEASE_S)
+        return dict(killed=len(killed), leaked=leaked, gpu_held=held)
+
+    def _record(self, start, end, timed_out, cleanup, results, interrupted=False) -> None:
+        starts = [r.started for r in results.values() if r.started]
+        ends = [r.ended for r in results.values() if r.ended]
+        overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
+        self.l.add_record(LaunchRecord(
+            self.name, self.world_size, len(results), end - start, overhead,
+            procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
+            interrupted=interrupted, phases=launch_dir.phases(self.d, start, end, starts, ends),
+            started=start, ended=end, **cleanup))
+
+
+def _units(by_rank: dict) -> str:
+    return ", ".join(f"rank {r} in {u}" for r, u in sorted(by_rank.items())) or "unknown"
+
+
+def _env(launch: Launch) -> dict:
+    """The launch's environment: ours, the slot's, the safe settings and the launch's tag."""
+    full = {**os.environ, **launch.l.extra_env, **launch.env, **SAFE_ENV,
+            procs.TAG_VAR: launch.tag}
+    repo = str(Path(__file__).resolve().parent.parent)
+    # the harness, then the directory pytest runs in (on the pytest process's sys.path with
+    # ``python -m pytest``): a model factory importable there is importable in the workers
+    full["PYTHONPATH"] = os.pathsep.join(
+        p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
+    return full
+
+
+def _results(launch: Launch, start, end, hung, timed_out) -> dict:
+    """Each task's result: from the ranks' result files, else timeout / crash."""
+    d, name = launch.d, launch.name
+    results = launch_dir.collect(d, name, launch.by_name)
+    returncode = procs.returncode(launch.agents)
+    current = launch_dir.current(d)  # (task, its start, pids) of the task left running
+    task_start = current[1] if current else start
+    if hung is not None:
+        results[hung] = TaskResult(
+            name=hung, status="timeout", launch=name, seconds=end - task_start,
+            errors={-1: f"timed out after {launch.by_name[hung].case.timeout_s:.0f}s "
+                        f"(case timeout_s); units running: "
+                        f"{_units(launch_dir.units(d, hung))}; ranks' Python stacks below"},
+            stacks=launch_dir.read_stacks(d), logs=launch_dir.task_logs(d, hung))
+    elif len(results) < len(launch.by_name):
+        started = current[0] if current else None
+        log = launch_dir.tail(d / "torchrun.log")
+        if started is not None:
+            results[started] = TaskResult(
+                name=started, status="crash", launch=name, seconds=end - task_start,
+                errors={-1: f"the launch died while this task ran (torchrun exit status "
+                            f"{returncode}): "
+                            f"{launch_dir.crash_account(d, launch.by_name[started])}; "
+                            f"per-rank logs below\n{log}"},
+                logs=launch_dir.task_logs(d, started))
+        elif not results:
+            why = "did not start a task within %.0fs" % launch.l.startup_timeout_s \
+                if timed_out else f"exited with status {returncode} before any task started"
+            for t in launch.by_name.values():
+                results[t.name] = TaskResult(
+                    name=t.name, status="crash", launch=name,
+                    errors={-1: f"torchrun {why}\n{log}"}, logs=launch_dir.all_logs(d))
+    return results

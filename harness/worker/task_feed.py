@@ -1,0 +1,54 @@
+"""The tasks a launch runs, in order: the plan's, then those the launcher feeds while the
+launch is alive (long-lived launches, one per world size and GPU slot for the whole run).
+
+The launcher writes ``queue/000001.json``, ``queue/000002.json``, ... (each a list of tasks,
+written atomically) and, when it will feed no more, ``queue/closed`` holding how many queue
+files there are. Every rank reads the same files in the same order, so all ranks run the same
+sequence without talking to each other. Waiting for the next file is bounded: a launch idle
+for ``idle_timeout_s`` ends (its unfinished tasks are re-launched), and the rank is tethered to
+torchrun, which is tethered to pytest, so a dead run never leaves a rank waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+POLL_S = 0.02
+
+
+def tasks(root: Path, plan: dict, on_idle: Callable[[], None] = lambda: None) -> Iterator[dict]:
+    """Yield the plan's tasks, then each fed task as it arrives, until the feed is closed and
+    drained (or stayed empty for ``plan['idle_timeout_s']``). ``on_idle`` is called once each
+    time the rank starts waiting."""
+    yield from plan["tasks"]
+    queue = root / "queue"
+    n, idle_since = 1, None
+    limit = float(plan.get("idle_timeout_s", 3600.0))
+    while True:
+        f = queue / f"{n:06d}.json"
+        if f.is_file():
+            batch = json.loads(f.read_text())
+            n, idle_since = n + 1, None
+            yield from batch
+            continue
+        closed = _closed(queue)
+        if closed is not None and closed < n:
+            return
+        if idle_since is None:
+            idle_since = time.monotonic()
+            on_idle()
+        elif time.monotonic() - idle_since > limit:
+            print(f"no task fed for {limit:.0f}s: ending this launch", flush=True)
+            return
+        time.sleep(POLL_S)
+
+
+def _closed(queue: Path) -> int | None:
+    """How many queue files the launcher wrote, once it has closed the feed."""
+    try:
+        return int((queue / "closed").read_text())
+    except (OSError, ValueError):
+        return None

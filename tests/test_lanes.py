@@ -1,0 +1,146 @@
+"""The scheduler's lanes (harness/scheduler.py) with a fake launcher: one long-lived launch per
+world size and slot, fed as tasks become ready; reshard tasks after their train task; at most
+``concurrency`` busy lanes; a crash re-launches only what was left; a train task that made no
+checkpoint resolves its reshard task as not run. Fast and deterministic: no processes."""
+
+import threading
+import time
+from pathlib import Path
+
+from harness.matrix import expand
+from harness.scheduler import Scheduler
+from harness.spec import load_scenario
+from harness.tasks import TaskResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeLauncher:
+    """Runs each fed task at once; ``crash`` names tasks whose launch dies while they run."""
+
+    def __init__(self, slots=1, crash=(), no_checkpoint=()):
+        self._stop = threading.Event()
+        self.salvaged, self.on_record = {}, []
+        self.n_slots, self.crash, self.no_checkpoint = slots, set(crash), set(no_checkpoint)
+        self.launches: list[tuple[int, dict, list[str]]] = []  # (world, slot env, tasks run)
+        self.lock = threading.Lock()
+        self.busy, self.max_busy = 0, 0
+        self.order: list[str] = []  # every task run, in time order
+
+    def slots(self, world):
+        return [{"slot": str(i)} for i in range(self.n_slots)]
+
+    def stop(self):
+        self._stop.set()
+
+    def _result(self, t):
+        rows = []
+        if t.name in self.no_checkpoint:
+            rows = [dict(check="save", quantity="*", metric="coverage", outcome="failed",
+                         detail="failed: disk full")]
+        return TaskResult(t.name, "ok", rows=rows)
+
+    def _enter(self):
+        with self.lock:
+            self.busy += 1
+            self.max_busy = max(self.max_busy, self.busy)
+
+    def _leave(self):
+        with self.lock:
+            self.busy -= 1
+
+    def run_lane(self, source, world, env):
+        while True:
+            tasks = source.first()
+            if not tasks:
+                return
+            ran, queue, crashed = [], list(tasks), False
+            self.launches.append((world, env, ran))
+            while True:
+                if queue:
+                    self._enter()  # a lane running a task is busy
+                    t = queue.pop(0)
+                    ran.append(t.name)
+                    self.order.append(t.name)
+                    if t.name in self.crash:
+                        self.crash.discard(t.name)
+                        source.finished({t.name: TaskResult(t.name, "crash")})
+                        self._leave()
+                        crashed = True
+                        break
+                    time.sleep(0.002)
+                    source.finished({t.name: self._result(t)})
+                    self._leave()
+                more = source.more(None)
+                if more:
+                    queue += more
+                elif more is None and not queue:
+                    break
+                elif not queue:
+                    time.sleep(0.005)
+            if crashed:
+                source.requeue(queue)
+
+
+def _cases():
+    return expand(load_scenario(ROOT / "scenarios" / "smoke.yaml"))
+
+
+def _run(launcher, cases, concurrency=1):
+    with Scheduler(launcher, cases, Path("/nonexistent"), concurrency=concurrency) as sched:
+        return {c.key: sched.result(c) for c in cases}
+
+
+def test_one_launch_per_world_size_and_reshards_after_their_train():
+    cases = _cases()
+    fake = FakeLauncher()
+    results = _run(fake, cases)
+    assert all(r.status == "ok" for r in results.values())
+    worlds = sorted({w for c in cases for w in c.world_sizes})
+    assert sorted(w for w, _, _ in fake.launches) == worlds  # 2 launches for 10 cases
+    order = fake.order
+    for c in cases:
+        if c.target is not None:
+            assert order.index(f"{c.key}.train") < order.index(f"{c.key}.reshard")
+    assert fake.max_busy == 1  # concurrency 1: one busy lane at a time
+    assert fake.launches[0][0] == max(worlds)  # the larger world first
+
+
+def test_slots_share_a_world_size_when_unbounded():
+    cases = [c for c in _cases() if c.world_sizes[0] == 4]
+    fake = FakeLauncher(slots=2)
+    results = _run(fake, cases, concurrency=None)
+    assert all(r.status == "ok" for r in results.values())
+    w4 = [(env["slot"], ran) for w, env, ran in fake.launches if w == 4]
+    assert {slot for slot, _ in w4} == {"0", "1"}  # both slots of world 4 took cases
+    names = [n for _, ran in w4 for n in ran]
+    assert len(names) == len(set(names))  # no task ran twice
+
+
+def test_crash_relaunches_the_rest_and_resolves_its_reshard():
+    cases = [c for c in _cases() if c.world_sizes[0] == 2]
+    victim = next(c for c in cases if c.target is not None)
+    fake = FakeLauncher(crash={f"{victim.key}.train"})
+    results = _run(fake, cases)
+    assert results[victim.key].status == "crash"
+    reshard = [r for r in results[victim.key].rows if r["phase"] == "reshard"]
+    assert reshard and all(r["outcome"] == "not_run" for r in reshard)
+    assert all("the train phase ended with crash" in r["detail"] for r in reshard)
+    for c in cases:
+        if c is not victim:
+            assert results[c.key].status == "ok", c.key
+    ran = [n for _, _, r in fake.launches for n in r]
+    assert ran.count(f"{victim.key}.train") == 1  # the culprit is not run again
+    assert f"{victim.key}.reshard" not in ran
+
+
+def test_reshard_of_a_train_without_checkpoint_is_not_run():
+    cases = [c for c in _cases() if c.target is not None
+             and c.target.world_size != c.world_sizes[0]]
+    victim = cases[0]
+    fake = FakeLauncher(no_checkpoint={f"{victim.key}.train"})
+    results = _run(fake, cases)
+    reshard = [r for r in results[victim.key].rows if r["phase"] == "reshard"]
+    assert reshard and all("which was not made (save failed: failed: disk full)" in r["detail"]
+                           for r in reshard)
+    assert f"{victim.key}.reshard" not in [n for _, _, r in fake.launches for n in r]
