@@ -32,6 +32,13 @@ def test_slurm_script_uses_the_multinode_options():
         assert opt in text
 
 
+def _ci_commands() -> list[str]:
+    """.ci/run's commands, continuation lines joined, comments dropped."""
+    text = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
+    return [" ".join(ln.split()) for ln in text.splitlines()
+            if ln.strip() and not ln.strip().startswith("#")]
+
+
 def test_ci_ends_with_the_readme_test_command():
     """CI counts the closing pytest line: it must be the README's test command (which executes
     tests), not a scenario run that may legitimately end all-skipped (e.g. --backend te on CPU)."""
@@ -39,23 +46,24 @@ def test_ci_ends_with_the_readme_test_command():
     blocks = [b.split("```")[0].strip() for b in readme.split("```bash")[1:3]]
     test_cmd = blocks[1]
     assert test_cmd.endswith(".venv/bin/python -m pytest"), test_cmd
-    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
-             if ln.strip() and not ln.strip().startswith("#")]
+    lines = _ci_commands()
     pytest_lines = [ln for ln in lines if "pytest" in ln]
     assert pytest_lines[-1] == test_cmd, pytest_lines[-1]
     assert blocks[0] in lines, "README command 1 must run in CI"
 
 
 def test_ci_runs_the_model_scenarios_before_the_readme_test_command():
-    """LlamaStack (torch, the reference slice, te skips) and the bring-your-own-model example
-    run in CI, before the closing test command; the README's example command is the one CI
-    runs."""
-    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
-             if ln.strip() and not ln.strip().startswith("#")]
-    pytest_lines = [ln for ln in lines if "pytest" in ln]
-    before_last = "\n".join(pytest_lines[:-1])
-    assert "--scenario examples/my_model/my_model.yaml" in before_last
-    assert "--scenario llama_stack --backend reference -m ci" in before_last
-    assert "--scenario llama_stack --backend te" in before_last
+    """LlamaStack (torch, the reference slice, te skips), the bring-your-own-model example and
+    the fix verification run in CI, before the closing test command; the README's example
+    command is the one CI runs."""
+    runs = [ln.split() for ln in _ci_commands() if "pytest" in ln][:-1]
+
+    def ran(*words):
+        return any(all(w in r for w in words) for r in runs)
+
+    assert ran("examples/my_model/my_model.yaml")
+    assert ran("llama_stack", "--backend", "reference", "-m", "ci")
+    assert ran("fix_verification", "--backend", "reference")
+    assert ran("llama_stack", "--backend", "te")
     assert "--scenario examples/my_model/my_model.yaml" in (ROOT / "README.md").read_text()
     assert load_scenario(ROOT / "examples" / "my_model" / "my_model.yaml").models

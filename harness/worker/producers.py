@@ -130,15 +130,18 @@ def export(art) -> dict:
     optimizer keeps one, else the parameter as fp32 (rank 0 writes; every rank gathers)."""
     from safetensors.torch import save_file
 
-    from .run import full, is_quantized
+    from .run import flatten, is_quantized
     run = art["trained"].run
-    export, quantized = {}, {}
+    sources, quantized = {}, {}
     for name, p in run.model.named_parameters():
         master = run.optim.state.get(p, {}).get("master_param")
-        export[name] = full(master if isinstance(master, torch.Tensor) else p).to(
-            torch.float32).contiguous()
+        sources[name] = master if isinstance(master, torch.Tensor) else p
         if is_quantized(getattr(p, "_local_tensor", p)):
-            quantized[name] = full(p)
+            quantized[name] = p
+    # one gather for the whole export and one for the quantized weights (not one per tensor)
+    flat = flatten(sources, raw=False)
+    export = {n: flat[n].to(torch.float32).contiguous() for n in sources}
+    quantized = flatten(quantized, raw=False)
     faults.in_export(art.case, export)
     path = art.ckpt / "model.safetensors"
     _on_rank0(art.ctx, lambda: save_file(export, str(path)))
