@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
-PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown")
+PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown",
+          "ranks_exit", "agents_exit", "cleanup")  # the last three: the teardown split
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -82,6 +82,7 @@ class Launch:
         self.agents: list[subprocess.Popen] = []
         self.delivered: dict[str, TaskResult] = {}  # results handed to the source
         self.fed, self.closed = 0, source is None
+        self.t_watched = None  # when the agents exited (or the watch ended)
         if self.closed:
             launch_dir.close_feed(self.d, 0)
 
@@ -122,6 +123,7 @@ class Launch:
                         argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                         start_new_session=True, cwd=str(self.d)))
             hung, timed_out = self._watch(start)
+            self.t_watched = time.time()
         except BaseException:  # Ctrl-C / SIGTERM / stop(): record the launch, then re-raise
             stopped = True
             raise
@@ -159,10 +161,22 @@ class Launch:
             task_name, t0, pids = current
             task = self.by_name.get(task_name)
             if task and time.time() - t0 > task.case.timeout_s:
-                procs.signal_all(pids, signal.SIGUSR1)  # faulthandler stack dump
-                time.sleep(STACK_GRACE_S)
+                self._dump_stacks(pids)
                 return task_name, True
         return None, False
+
+    def _dump_stacks(self, pids: list[int]) -> None:
+        """SIGUSR1 -> each rank's faulthandler writes its threads' stacks; wait until every
+        rank's stack file grew, at most ``STACK_GRACE_S``."""
+        files = list((self.d / "stacks").glob("rank*.txt"))
+        before = {f: f.stat().st_size for f in files}
+        procs.signal_all(pids, signal.SIGUSR1)
+        deadline = time.monotonic() + STACK_GRACE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            if files and all(f.stat().st_size > n for f, n in before.items()):
+                time.sleep(0.2)  # let the last lines land
+                return
 
     def _end_processes(self) -> dict:
         """Kill every process of the launch and wait until they are gone (bounded); on GPU,
@@ -193,7 +207,8 @@ class Launch:
         self.l.add_record(LaunchRecord(
             self.name, self.world_size, len(results), end - start, overhead,
             procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
-            interrupted=interrupted, phases=launch_dir.phases(self.d, start, end, starts, ends),
+            interrupted=interrupted,
+            phases=launch_dir.phases(self.d, start, end, starts, ends, self.t_watched),
             started=start, ended=end, **cleanup))
 
 

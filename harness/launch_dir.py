@@ -85,8 +85,11 @@ def collect(d: Path, launch: str, by_name: dict, names=None) -> dict[str, TaskRe
     return out
 
 
-def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
-    """Seconds of the launch's phases, from the ranks' timelines (the slowest rank)."""
+def phases(d: Path, start: float, end: float, starts: list, ends: list,
+           watched: float | None = None) -> dict:
+    """Seconds of the launch's phases, from the ranks' timelines (the slowest rank); the
+    teardown split into the ranks' own exit (``ranks_exit``: after the last task, until they
+    left), torchrun noticing (``agents_exit``) and the launcher's clean-up (``cleanup``)."""
     lines = []
     for p in (d / "progress").glob("timeline*.json"):
         try:
@@ -104,6 +107,10 @@ def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
             out["first_task_wait"] = max(0.0, min(starts) - ready)
     if ends:
         out["teardown"] = end - max(ends)
+        if lines and watched and all("exit" in t for t in lines):
+            left = max(t["exit"] for t in lines)
+            out.update(ranks_exit=max(0.0, left - max(ends)), agents_exit=max(0.0, watched - left),
+                       cleanup=end - watched)
     return out
 
 

@@ -181,7 +181,7 @@ class Launcher:
 
     def commands(self, plan_path: Path, world_size: int, launch: str) -> list[list[str]]:
         """The argv lists to start for one launch (no shell)."""
-        worker = ["--max-restarts=0", "--monitor-interval=0.5", "-m", "harness.worker",
+        worker = ["--max-restarts=0", "--monitor-interval=0.1", "-m", "harness.worker",
                   "--plan", str(plan_path)]
         # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
         # parent on the remote nodes: no --parent there)

@@ -236,7 +236,9 @@ def main(argv=None) -> int:
             os._exit(EXIT_PG_BROKEN)
     _write_json(progress, dict(pid=os.getpid(), task=None, state="done", t=time.time()))
     import torch.distributed as dist
-    dist.barrier(group=ctx.control)
+    dist.barrier(group=ctx.control)  # every rank is done with its stager's collectives too
+    from . import stager
+    stager.stop()
     dist.destroy_process_group()
     timeline["exit"] = time.time()
     _write_json(root / "progress" / f"timeline{rank}.json", timeline)

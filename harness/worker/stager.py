@@ -71,3 +71,16 @@ def dead() -> str | None:
     import os
     return f"rank {os.environ.get('RANK', '?')}'s async_process stager process (pid {proc.pid}) " \
            f"died ({how})"
+
+
+def stop() -> None:
+    """End this rank's stager process (if one was started) before the rank exits: a stager
+    left running makes torchrun's shutdown signal and wait for it (about 0.7 s a launch)."""
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as ape
+        proc = ape._CHECKPOINT_PROCESS._save_process
+    except Exception:  # noqa: BLE001 - none started, or the private API changed
+        return
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=5.0)
