@@ -37,7 +37,7 @@ class Execution:
     def start(self, cases: list[Case], *, launches_dir: Path, backend: str, device: str,
               gpus: list[str], nnodes: int, rdzv_endpoint: str | None,
               node_launcher: str | None, per_scope: bool, on_launch: Callable,
-              launches_per_gpu: int = 3) -> None:
+              launches_per_gpu: int = 4) -> None:
         """The launcher and scheduler; ``per_scope``: one scheduling scope per world size
         (xdist workers), else one for all; ``on_launch`` gets each launch's record. On cuda
         each GPU slice takes ``launches_per_gpu`` launches at once; on a small CPU box one

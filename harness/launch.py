@@ -48,7 +48,12 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
             "PYTHONFAULTHANDLER": "1",
             # deterministic cuBLAS (bitwise next-step checks on GPU)
-            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+            # DCP's process-async stagers rendezvous under a prefix of torchrun's own store
+            # instead of a port DCP picks free and binds later: with several launches starting
+            # at once another process took that port first (EADDRINUSE in one rank's stager,
+            # the other rank's waiting for it until the case timeout; seen on 2x H200)
+            "DCP_USE_PREFIX_STORE": "1"}
 POLL_S = 0.1
 STACK_GRACE_S = 3.0
 KILL_WAIT_S = 15.0  # bounded wait for a launch's killed processes to be gone
@@ -225,7 +230,37 @@ def _env(launch: Launch) -> dict:
     # ``python -m pytest``): a model factory importable there is importable in the workers
     full["PYTHONPATH"] = os.pathsep.join(
         p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
+    full.update(bytecode_cache(full))
     return full
+
+
+def bytecode_cache(env: dict) -> dict:
+    """Where the workers cache compiled bytecode when it cannot sit next to the sources.
+
+    Every rank imports torch (and TE) from scratch. With ``PYTHONDONTWRITEBYTECODE`` set (common
+    in containers) or a site-packages without ``__pycache__`` (read-only, or installed with
+    ``--no-compile``), each rank of each launch compiles thousands of modules: measured on
+    2x H200, 14 s of ``compile()`` in two ranks of one launch. Then the workers read and write
+    bytecode under ``$XDG_CACHE_HOME/fsdp2-harness/pycache`` (``PYTHONPYCACHEPREFIX``) -- only
+    their own processes, a user's own prefix is kept, and nothing changes where bytecode works.
+    """
+    if env.get("PYTHONPYCACHEPREFIX"):
+        return {}
+    import importlib.util
+
+    import torch
+    cached = os.path.exists(importlib.util.cache_from_source(torch.__file__))
+    if cached and not env.get("PYTHONDONTWRITEBYTECODE"):
+        return {}
+    root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" / "pycache"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return {}
+    out = {"PYTHONPYCACHEPREFIX": str(root)}
+    if env.get("PYTHONDONTWRITEBYTECODE"):
+        out["PYTHONDONTWRITEBYTECODE"] = ""  # empty: unset for Python
+    return out
 
 
 def _results(launch: Launch, start, end, hung, timed_out) -> dict:

@@ -72,7 +72,8 @@ def pytest_addoption(parser):
                 help="only cases whose largest world size is N (shard a nightly run by GPUs)")
     g.addoption("--launches-per-gpu", type=int, default=None, metavar="N",
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
-                     "default 3); 1 = one launch per GPU slice")
+                     "default 4, measured best on 2x H200: reports/bench); 1 = one launch "
+                     "per GPU slice")
     g.addoption("--nnodes", type=int, default=1, metavar="N",
                 help="split each launch over N torchrun agents (c10d rendezvous); without "
                      "--node-launcher they run on this host as simulated nodes")
@@ -259,7 +260,7 @@ class HarnessSession:
             backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
             nnodes=opt("nnodes"), rdzv_endpoint=opt("rdzv_endpoint"),
             node_launcher=opt("node_launcher"), per_scope=self.worker_id is not None,
-            on_launch=self.record.on_launch, launches_per_gpu=opt("launches_per_gpu") or 3)
+            on_launch=self.record.on_launch, launches_per_gpu=opt("launches_per_gpu") or 4)
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:

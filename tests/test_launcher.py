@@ -1,5 +1,6 @@
 """Launcher pieces that need no launch: GPU slot packing and how a batch is split over slots."""
 
+import os
 from pathlib import Path
 
 from harness.launcher import Launcher, Task, TaskResult
@@ -39,3 +40,22 @@ def test_batch_is_spread_over_slots_keeping_each_case_together(tmp_path, monkeyp
         keys = {n.rsplit(".", 1)[0] for n in names}
         for k in keys:
             assert all(t.name in names for t in tasks if t.case.key == k)
+
+
+def test_workers_cache_bytecode_where_it_cannot_sit_beside_the_sources(tmp_path):
+    """PYTHONDONTWRITEBYTECODE (containers) would make every rank of every launch compile
+    torch again: the workers get a bytecode prefix dir instead; a user's own prefix is kept,
+    and a normal install (bytecode beside the sources) is left alone."""
+    import importlib.util
+
+    import torch
+
+    from harness.launch import bytecode_cache
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path)}
+    got = bytecode_cache(env)
+    assert got == {"PYTHONPYCACHEPREFIX": str(tmp_path / "fsdp2-harness" / "pycache"),
+                   "PYTHONDONTWRITEBYTECODE": ""}
+    assert (tmp_path / "fsdp2-harness" / "pycache").is_dir()
+    assert bytecode_cache({**env, "PYTHONPYCACHEPREFIX": "/mine"}) == {}
+    if os.path.exists(importlib.util.cache_from_source(torch.__file__)):
+        assert bytecode_cache({"XDG_CACHE_HOME": str(tmp_path)}) == {}

@@ -69,3 +69,20 @@ def test_module_init_is_deterministic():
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
     assert "self_attention.k.bias" not in a  # see modules.MultiheadAttention
+
+
+def test_meta_built_model_is_materialized_and_stays_tied(fake_world):
+    """The te backend builds on ``meta``; what no ``reset_parameters`` materializes (a plain
+    ``nn.Embedding`` behind a tied head) gets storage, and the tie survives. Left on meta,
+    ``set_model_state_dict`` would assign every tensor (quantized params replaced, ties cut)."""
+    from harness.backends.te_backend import materialize
+    from harness.worker.llama_stack import LlamaStack
+    fake_world(2)
+    spec = parse_mesh("dp2")
+    with torch.device("meta"):
+        model = LlamaStack(ModelDims(layers=1))
+    parallel.shard(model, parallel.device_mesh(spec, "cpu"), spec, "fp32")
+    materialize(model, "cpu")
+    assert not [n for n, p in model.named_parameters() if p.is_meta]
+    assert model.lm_head.weight is model.embed.weight
+    assert torch.isfinite(model.embed.weight.to_local()).all()

@@ -148,6 +148,7 @@ class TEBackend(TorchBackend):
         for m in model.modules():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
+        materialize(model, device)
         parallel.retie(model, ties)  # TE's reset_parameters may re-register a tied alias
         full = self.reference_model(case, seed, device).state_dict()
         if "init_extra_state" not in self.applied_workarounds(case):
@@ -188,6 +189,23 @@ class TEBackend(TorchBackend):
     def checks(self, case) -> dict:
         from ..checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
+
+
+def materialize(model, device) -> None:
+    """Give the tensors no ``reset_parameters`` moved off ``meta`` real storage (and their
+    module's own initialisation): TE's modules materialize themselves, plain PyTorch ones
+    (``nn.Embedding``, a factory's layers) stay on ``meta``. Anything still there when the
+    reference's weights are loaded makes ``set_model_state_dict`` *assign* every tensor --
+    TE's quantized parameters replaced by plain ones, tied weights untied."""
+    for m in model.modules():
+        own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+        if any(t.is_meta for t in own):
+            m.to_empty(device=device, recurse=False)
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"still on device meta after initialisation: {', '.join(left[:5])}")
 
 
 def extra_state_contents(flat: dict) -> dict:
