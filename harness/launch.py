@@ -48,12 +48,12 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
             "PYTHONFAULTHANDLER": "1",
             # deterministic cuBLAS (bitwise next-step checks on GPU)
-            "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-            # DCP's process-async stagers rendezvous under a prefix of torchrun's own store
-            # instead of a port DCP picks free and binds later: with several launches starting
-            # at once another process took that port first (EADDRINUSE in one rank's stager,
-            # the other rank's waiting for it until the case timeout; seen on 2x H200)
-            "DCP_USE_PREFIX_STORE": "1"}
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# On GPU hosts (several launches start at once per GPU slot) DCP's process-async stagers
+# rendezvous under a prefix of torchrun's own store instead of a port DCP picks free and binds
+# later: another launch took that port first (EADDRINUSE in one rank's stager, the other rank's
+# waiting for it until the case timeout; seen on 2x H200). CPU launches keep DCP's default.
+CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
 POLL_S = 0.1
 STACK_GRACE_S = 3.0
 KILL_WAIT_S = 15.0  # bounded wait for a launch's killed processes to be gone
@@ -224,7 +224,7 @@ def _units(by_rank: dict) -> str:
 def _env(launch: Launch) -> dict:
     """The launch's environment: ours, the slot's, the safe settings and the launch's tag."""
     full = {**os.environ, **launch.l.extra_env, **launch.env, **SAFE_ENV,
-            procs.TAG_VAR: launch.tag}
+            **(CUDA_ENV if launch.l.device == "cuda" else {}), procs.TAG_VAR: launch.tag}
     repo = str(Path(__file__).resolve().parent.parent)
     # the harness, then the directory pytest runs in (on the pytest process's sys.path with
     # ``python -m pytest``): a model factory importable there is importable in the workers
