@@ -21,6 +21,11 @@ def scope_of(case: Case) -> str:
     return "w" + "to".join(map(str, case.world_sizes))
 
 
+# launches at once per GPU slice unless --launches-per-gpu says otherwise (measured best of 3, 4
+# and 6 on 2x H200: reports/bench/README.md)
+LAUNCHES_PER_GPU = 4
+
+
 class Execution:
     """The ``work`` dir, the ``launcher`` and the ``scheduler`` of this process's runnable
     cases (the work dir is made first, so that :meth:`cleanup` removes it whatever happens
@@ -37,15 +42,16 @@ class Execution:
     def start(self, cases: list[Case], *, launches_dir: Path, backend: str, device: str,
               gpus: list[str], nnodes: int, rdzv_endpoint: str | None,
               node_launcher: str | None, per_scope: bool, on_launch: Callable,
-              launches_per_gpu: int = 4) -> None:
+              launches_per_gpu: int | None = None) -> None:
         """The launcher and scheduler; ``per_scope``: one scheduling scope per world size
         (xdist workers), else one for all; ``on_launch`` gets each launch's record. On cuda
-        each GPU slice takes ``launches_per_gpu`` launches at once; on a small CPU box one
-        launch runs at a time (overlapping launches would only fight over the cores)."""
+        each GPU slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at
+        once; on a small CPU box one launch runs at a time (overlapping launches would only fight over the cores)."""
         self.launcher = Launcher(launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
                                  rdzv_endpoint=rdzv_endpoint,
                                  node_launcher=shlex.split(node_launcher) if node_launcher
-                                 else None, launches_per_gpu=launches_per_gpu)
+                                 else None,
+                                 launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU)
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if device == "cuda"

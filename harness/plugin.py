@@ -260,7 +260,7 @@ class HarnessSession:
             backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
             nnodes=opt("nnodes"), rdzv_endpoint=opt("rdzv_endpoint"),
             node_launcher=opt("node_launcher"), per_scope=self.worker_id is not None,
-            on_launch=self.record.on_launch, launches_per_gpu=opt("launches_per_gpu") or 4)
+            on_launch=self.record.on_launch, launches_per_gpu=opt("launches_per_gpu"))
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:
