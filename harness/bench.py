@@ -93,7 +93,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
-              busy: float | None) -> dict:
+              busy: float | None, t0: float | None = None) -> dict:
     cases = df[(df["check"] == "case") & (df["metric"] == "duration_s")]
     outcomes = cases["case_outcome"].value_counts().to_dict()
     checked = sum(outcomes.get(o, 0) for o in ("passed", "xfailed", "failed"))
@@ -107,6 +107,12 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
                        rec["ended"] - rec["phases"].get("teardown", 0))
                       for rec in launches if rec.get("started") and rec.get("phases")]
     busy_wall = _union([(a, b) for a, b in task_intervals if b > a])
+    starts = [rec["started"] for rec in launches if rec.get("started")]
+    ends = [rec["ended"] for rec in launches if rec.get("ended")]
+    session = {}  # pytest's own time before the first launch and after the last one
+    if t0 is not None and starts and ends:
+        session = dict(before_first_launch_s=round(min(starts) - t0, 2),
+                       after_last_launch_s=round(t0 + wall - max(ends), 2))
     t = df[(df["quantity"] == "time") & (df["metric"] == "seconds")]
     units = (t.groupby(["phase", "check"])["value"].agg(["sum", "count"])
              .sort_values("sum", ascending=False))
@@ -115,7 +121,7 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
         wall_s=wall, cases=len(cases), outcomes=outcomes, checked=checked, gpus=gpus,
         checked_per_gpu_minute=(checked / (gpus * wall / 60)) if gpus else None,
         checked_per_minute=checked / (wall / 60),
-        launches=len(launches), launch_phases_s=phases,
+        launches=len(launches), launch_phases_s=phases, session_s=session,
         launch_overhead_share=max(0.0, 1 - busy_wall / wall) if wall else None,
         gpu_busy_share=busy,
         units=[dict(phase=ph, unit=u, total_s=round(r["sum"], 3), per_case_s=round(r["sum"] / n, 4),
@@ -133,6 +139,9 @@ def render(label: str, s: dict) -> str:
                      f"{s['gpu_busy_share']:.0%}" if s["gpu_busy_share"] is not None else "")
     lines.append(f"  checked cases per minute: {s['checked_per_minute']:.1f}; launch overhead "
                  f"(no task running): {s['launch_overhead_share']:.0%} of wall")
+    if s.get("session_s"):
+        lines.append("  pytest alone (s): " + ", ".join(f"{k} {v:.1f}"
+                                                      for k, v in s["session_s"].items()))
     lines.append("  launch phases (s, summed over launches): " + ", ".join(
         f"{k} {v:.1f}" for k, v in s["launch_phases_s"].items()))
     lines.append("  seconds per producer / check (sum over cases; per case):")
@@ -165,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         df = pd.read_parquet(hist[-1])
         meta = json.loads(metas[-1].read_text())
-    s = summarize(df, meta, wall, sampler.gpus(), sampler.busy_share())
+    s = summarize(df, meta, wall, sampler.gpus(), sampler.busy_share(), t0)
     s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc)
     print(render(args.label, s))
     out = Path(args.out)

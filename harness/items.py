@@ -16,6 +16,7 @@ import pytest
 from . import registry
 from . import verdict as verdict_mod
 from .checks.record import COVERAGE
+from .mutation_score import NEW_VS_CLEAN
 from .failure_text import one_line
 from .matrix import Case
 from .scheduler import CaseResult
@@ -48,6 +49,9 @@ class CaseItem(pytest.Item):
         self.result: CaseResult | None = None
         self.entries: list[registry.Entry] = []
         self.verdict: verdict_mod.Verdict | None = None
+        # a case with a bug switched on: the entries of its clean twin, and what they miss
+        self.clean_entries: list[registry.Entry] | None = None
+        self.vs_clean: verdict_mod.Verdict | None = None
         self.skip_reason = ""
         self.add_marker("harness_case")
         for m in case.marks:  # scenario 'marks' (e.g. ci: the representative slice)
@@ -60,6 +64,9 @@ class CaseItem(pytest.Item):
     def runtest(self):
         self.result = res = self.hs.scheduler.result(self.case)
         self.verdict = v = verdict_mod.judge(res.rows, res.status, res.errors, self.entries)
+        if self.clean_entries is not None:
+            self.vs_clean = verdict_mod.judge(res.rows, res.status, res.errors,
+                                              self.clean_entries)
         if v.outcome in (verdict_mod.PASSED, verdict_mod.XPASSED):
             return  # XPASSED: the strict xfail marker makes pytest fail it ("remove entry N")
         text = self.hs.failure_text(self, res)
@@ -90,6 +97,8 @@ class CaseItem(pytest.Item):
             rows = res.rows
             if self.verdict is not None:
                 rows = coverage_rows(res.rows, self.verdict)
+            if self.vs_clean is not None:
+                rows = rows + new_vs_clean_rows(self.vs_clean)
             out.update(status=res.status, seconds=res.seconds, rows=rows,
                        launches=res.launches, summary=one_line(res))
         out["launch_records"] = hs.record.pop_launch_records()
@@ -106,3 +115,20 @@ def coverage_rows(rows: list[dict], v: "verdict_mod.Verdict") -> list[dict]:
             r = dict(r, outcome=status)
         out.append(r)
     return out
+
+
+def new_vs_clean_rows(v: "verdict_mod.Verdict") -> list[dict]:
+    """One ``new_vs_clean`` row per failure of a bug-switched case that its clean twin's xfail
+    entries do not explain (what caught the bug; ``mutation_score`` reads them), or one
+    ``case/*`` row saying there is none."""
+    nan = float("nan")
+    base = dict(metric=NEW_VS_CLEAN, value=nan, tolerance=nan, outcome="info")
+    seen, out = set(), []
+    for r in v.unexplained:
+        k = (r.get("phase", ""), r["check"], r["quantity"])
+        if k not in seen:
+            seen.add(k)
+            out.append(dict(base, phase=k[0], check=k[1], quantity=k[2],
+                            detail="not explained by the clean case's xfail entries"))
+    return out or [dict(base, phase="", check="case", quantity="*",
+                        detail="every failure is one the clean case's xfail entries explain")]

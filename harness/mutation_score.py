@@ -5,17 +5,21 @@ copy of a TE fix switched off) and the te backend's ``mutation: no_<fix>`` (the 
 patched at run time, ``backends/te_mutations.py``). For every such case this pairs it with the
 same coordinates with the bug absent (``fixes: all`` / ``mutation: none``) and says:
 
-* caught   -- a check failed that does not fail in the clean case (the checks are listed). A
-              failure counts only when it is new: its (phase, check, quantity) passes in the
-              clean case, or, for an error, its message differs from the clean case's;
+* caught   -- a failure the xfail entries of the clean case (same coordinates, bug off) do not
+              explain -- a new check, quantity or message, or a known failure grown beyond
+              the size its entry bounds (``up_to``); the checks are listed. (Runs without
+              those rows -- older history -- fall back to: its (phase, check, quantity)
+              passes in the clean case, or, for an error, its message differs.)
 * masked   -- every failure is one the clean case has too (a known failure, e.g. TE's
               DelayedScaling ``_extra_state`` load) and measured values differ: the bug changed
               the run, but only checks that already fail could have seen it -- the known
               failure blinds the harness on these coordinates;
 * survived -- nothing failed, but measured values differ from the clean case's: the bug
               changed the run and no check saw it (a blind check);
-* ineffective -- no new failure and every measured value equals the clean case's: the mutant
-              changed nothing measurable on these coordinates (evidence: how many values).
+* ineffective -- no new failure and every measured value equals the clean case's, or (where
+              the scenario reruns the clean case, ``mutation: rerun``: DelayedScaling is not
+              deterministic run to run) each differs by at most 10x what the rerun moved it:
+              the mutant changed nothing measurable on these coordinates (evidence given).
 
 The mutation score of a backend (and TE version) is caught / (caught + masked + survived).
 """
@@ -26,7 +30,9 @@ import math
 import re
 from collections import defaultdict
 
-SWITCHES = {"fixes": "all", "mutation": "none"}  # axis -> value meaning "no bug injected"
+from .registry import CLEAN_VALUE
+
+SWITCHES = CLEAN_VALUE  # axis -> value meaning "no bug injected"
 FAILED = ("fail", "error")
 
 
@@ -35,7 +41,7 @@ def _values(rows) -> dict:
     out = {}
     for r in rows:
         if r.get("outcome") in ("pass", "fail", "info") and r.get("metric") not in (
-                "coverage", "note", "seconds") and r.get("quantity") != "time":
+                "coverage", "note", "seconds", NEW_VS_CLEAN) and r.get("quantity") != "time":
             v = r.get("value")
             if isinstance(v, float) and math.isnan(v):
                 continue
@@ -62,10 +68,55 @@ def _new_failures(mine: dict, theirs: dict) -> list:
     return [k for k, msgs in mine.items() if k not in theirs or not msgs <= theirs[k]]
 
 
+NEW_VS_CLEAN = "new_vs_clean"  # metric of the rows naming what the clean twin's entries miss
+RERUN = "rerun"  # the clean case run again: its differences are run-to-run noise
+NOISE_FACTOR = 10.0  # a value moved no more than 10x the rerun's move is noise, not an effect
+
+
+def _new_vs_clean(rows) -> list | None:
+    """(phase, check, quantity) of each failure the clean twin's xfail entries do not explain
+    (rows the plugin adds, ``items.new_vs_clean_rows``); None where a run has none (older
+    history, or a run without a registry)."""
+    marks = [r for r in rows if r.get("metric") == NEW_VS_CLEAN]
+    if not marks:
+        return None
+    return sorted({(r.get("phase"), r["check"], r["quantity"]) for r in marks
+                   if r["check"] != "case" or r["quantity"] != "*"})
+
+
+def _noise(clean: dict, rerun: dict | None) -> dict:
+    """value key -> |clean - rerun| for the values that moved between two clean runs."""
+    if rerun is None:
+        return {}
+    a, b = _values(clean.get("rows", [])), _values(rerun.get("rows", []))
+    return {k: abs(a[k] - b[k]) for k in a.keys() & b.keys() if a[k] != b[k]}
+
+
+def _within_noise(differ, mine, theirs, noise) -> bool:
+    return bool(noise) and all(
+        k in noise and abs(mine[k] - theirs[k]) <= NOISE_FACTOR * noise[k] for k in differ)
+
+
+def _beyond_noise(differ, mine, theirs, noise) -> list:
+    """The differing values that moved more than the rerun's noise allows (all of them
+    without a rerun), else ``differ``: the evidence names one of these first."""
+    out = [k for k in differ
+           if not (k in noise and abs(mine[k] - theirs[k]) <= NOISE_FACTOR * noise[k])]
+    return out or differ
+
+
+def _noise_note(differ, mine, theirs, noise) -> str:
+    if not noise:
+        return ""
+    beyond = _beyond_noise(differ, mine, theirs, noise)
+    return (f" (the clean case's rerun: {len(differ) - len(beyond)} of {len(differ)} within "
+            f"{NOISE_FACTOR:g}x its run-to-run move, {len(beyond)} beyond)")
+
+
 def table(cases: list[dict]) -> list[dict]:
     """``cases``: dicts with scenario, backend, axes (dict), outcome, rows, case_id.
     Returns one row per bug-injected case."""
-    clean, injected = {}, []
+    clean, reruns, injected = {}, {}, []
     for c in cases:
         ax = c["axes"]
         for axis, off in SWITCHES.items():
@@ -75,32 +126,47 @@ def table(cases: list[dict]) -> list[dict]:
                    tuple(sorted((k, v) for k, v in ax.items() if k != axis)))
             if ax[axis] == off:
                 clean[key] = c
+            elif ax[axis] == RERUN:
+                reruns[key] = c
             elif ax[axis].startswith("no_"):
                 injected.append((key, axis, c))
     out = []
     for key, axis, c in injected:
         rows, base = c.get("rows", []), clean.get(key)
         fails = _failures(rows)
-        new = _new_failures(fails, _failures(base.get("rows", [])) if base else {})
+        new = _new_vs_clean(rows)
+        if new is None:
+            new = _new_failures(fails, _failures(base.get("rows", [])) if base else {})
         mine, theirs = _values(rows), _values(base.get("rows", []) if base else [])
         differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+        noise = _noise(base, reruns.get(key)) if base else {}
         failed = sorted({k[1] for k in new})
         if new:
             verdict, evidence = "caught", ""
         elif base is None:
             verdict, evidence = "survived", "no clean case with the same coordinates to compare"
+        elif differ and _within_noise(differ, mine, theirs, noise):
+            k = max(differ, key=lambda k: abs(mine[k] - theirs[k]) / noise[k])
+            verdict = "ineffective"
+            evidence = (f"{len(differ)} measured values differ from the clean case's, each by "
+                        f"at most {NOISE_FACTOR:g}x what the clean case's rerun moved "
+                        f"({len(noise)} values move run to run); the largest, {k[1]}/{k[2]} "
+                        f"{k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}, rerun moved it "
+                        f"{noise[k]:.3g}: run-to-run noise, no effect")
         elif differ and fails:
-            k = differ[0]
+            k = _beyond_noise(differ, mine, theirs, noise)[0]
             verdict = "masked"
-            evidence = (f"fails only what the clean case fails ({len(fails)} failures, e.g. "
-                        f"{'/'.join(map(str, sorted(fails)[0][1:]))}); {len(differ)} measured "
-                        f"values differ, e.g. {k[1]}/{k[2]} {k[3]}: {mine[k]:.6g} vs "
-                        f"{theirs[k]:.6g}: a known failure hides this bug here")
+            evidence = (f"fails only what the clean case's entries explain ({len(fails)} "
+                        f"failures, e.g. {'/'.join(map(str, sorted(fails)[0][1:]))}); "
+                        f"{len(differ)} measured values differ, e.g. {k[1]}/{k[2]} {k[3]}: "
+                        f"{mine[k]:.6g} vs {theirs[k]:.6g}{_noise_note(differ, mine, theirs, noise)}"
+                        f": a known failure hides this bug here")
         elif differ:
-            k = differ[0]
+            k = _beyond_noise(differ, mine, theirs, noise)[0]
             verdict = "survived"
             evidence = (f"{len(differ)} measured values differ from the clean case's, none "
-                        f"failed; e.g. {k[1]}/{k[2]} {k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}")
+                        f"failed; e.g. {k[1]}/{k[2]} {k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}"
+                        f"{_noise_note(differ, mine, theirs, noise)}")
         else:
             verdict = "ineffective"
             evidence = (f"all {len(mine.keys() & theirs.keys())} measured values equal the "

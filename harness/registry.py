@@ -13,6 +13,8 @@ compute capability, names exactly how the cases fail, and says why and where tha
           - {check: reshard_load, message: "Size mismatch .*exp_avg"}   # regex on the detail
           - {check: dcp_roundtrip, quantity: state}
           - {check: reshard, quantity: next_loss, strict: false}   # may happen (say why)
+          - {check: reshard, quantity: state, up_to: {n_diff: 100}}  # known size, measured
+          - {check: reshard, quantity: next_params, beyond: {rel_l2: 0.06}}  # a bug on top
         workaround: load_without_extra_state  # optional, see harness/workarounds.py
         reason: FusedAdam keeps optimizer states as plain tensors
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
@@ -28,6 +30,12 @@ A failure marked ``strict: false`` explains a row when it happens and is not req
 symptom that depends on the values (e.g. whether a re-quantization rounds back to the same
 scale, which differs between CPUs whose matmuls round differently); the entry's reason must say
 so, and every entry must name at least one strict failure.
+Sizes: ``up_to: {metric: X}`` (metrics ``max_abs``, ``rel_l2``, ``n_diff`` of a comparison)
+explains a failing comparison only while each named metric is <= X -- a known failure whose
+size was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"); set X
+from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
+only when each is > X, and a strict one must happen that large: a second bug on top of a known
+failure of the same quantity. Two failures with disjoint sizes do not overlap.
 Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
 recipe the GPU cannot run) are skips decided by the backend, never entries here.
 """
@@ -46,8 +54,10 @@ from packaging.version import InvalidVersion, Version
 from .matrix import Case
 
 CASE_KEYS = ("scenario", "backend", "device")
+CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
 ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link"}
-FAILURE_KEYS = {"check", "quantity", "message", "strict"}
+FAILURE_KEYS = {"check", "quantity", "message", "strict", "up_to", "beyond"}
+SIZE_METRICS = ("max_abs", "rel_l2", "n_diff")
 
 
 class RegistryError(ValueError):
@@ -57,31 +67,68 @@ class RegistryError(ValueError):
 @dataclass(frozen=True)
 class Failure:
     """One failure an entry names: a unit (check / producer / case), optionally one quantity
-    of it and a regex searched in the failing row's detail."""
+    of it, a regex searched in the failing row's detail and the size it fails by: ``up_to``
+    (explains a comparison only while each named metric is at most that: a known failure
+    cannot hide a larger one) or ``beyond`` (only while each is larger: a bug on top of a
+    known failure of the same quantity)."""
     check: str
     quantity: str | None = None
     message: str | None = None
     strict: bool = True  # must happen where its check runs (False: may happen)
+    up_to: tuple[tuple[str, float], ...] = ()   # (metric, largest value explained)
+    beyond: tuple[tuple[str, float], ...] = ()  # (metric, value it must exceed)
 
-    def explains(self, row: dict) -> bool:
+    def matches(self, row: dict) -> bool:
+        """The row is of this check / quantity / message, whatever its size."""
         return (row["check"] == self.check
                 and (self.quantity is None or row["quantity"] == self.quantity)
                 and (self.message is None or re.search(self.message, row.get("detail", ""))
                      is not None))
 
+    def happened(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        """Matches and is at least as large as ``beyond`` asks (``values``: metric -> value of
+        the row's comparison; default the row's own)."""
+        v = _values(row, values)
+        return self.matches(row) and all(m in v and v[m] > b for m, b in self.beyond)
+
+    def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        v = _values(row, values)
+        return self.happened(row, v) and all(m not in v or v[m] <= b for m, b in self.up_to)
+
+    def too_large(self, row: dict, values: dict[str, float] | None = None) -> list[str]:
+        """'metric value > bound' for each ``up_to`` the row's comparison exceeds."""
+        v = _values(row, values)
+        return [f"{m} {v[m]:.4g} > {b:.4g}" for m, b in self.up_to if m in v and not v[m] <= b]
+
     def overlaps(self, other: "Failure") -> bool:
-        """Would one failing row be explained by both? Same check, quantities not disjoint, and
-        not told apart by two different messages."""
+        """Would one failing row be explained by both? Same check, quantities not disjoint,
+        not told apart by two different messages, and sizes not disjoint."""
         return (self.check == other.check
                 and (self.quantity is None or other.quantity is None
                      or self.quantity == other.quantity)
                 and (self.message is None or other.message is None
-                     or self.message == other.message))
+                     or self.message == other.message)
+                and not _disjoint(self, other) and not _disjoint(other, self))
 
     def __str__(self) -> str:
         s = self.check + (f"/{self.quantity}" if self.quantity else "")
         s += f" /{self.message}/" if self.message else ""
+        s += "".join(f" {m}<={b:g}" for m, b in self.up_to)
+        s += "".join(f" {m}>{b:g}" for m, b in self.beyond)
         return s + ("" if self.strict else " (may)")
+
+
+def _values(row: dict, values: dict | None) -> dict:
+    if values is not None:
+        return values
+    v = row.get("value")
+    return {row.get("metric"): v} if isinstance(v, (int, float)) else {}
+
+
+def _disjoint(a: Failure, b: Failure) -> bool:
+    """a's up_to ends where b's beyond starts, on some metric."""
+    lo = dict(b.beyond)
+    return any(m in lo and hi <= lo[m] for m, hi in a.up_to)
 
 
 @dataclass
@@ -133,8 +180,8 @@ class Entry:
                 return False
         return True
 
-    def explains(self, row: dict) -> bool:
-        return any(f.explains(row) for f in self.fails)
+    def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        return any(f.explains(row, values) for f in self.fails)
 
 
 def coords(case: Case, device: str) -> dict[str, str]:
@@ -162,6 +209,18 @@ class Registry:
         for e in found:
             self.hits[e.number].append(case.id)
         return found
+
+    def clean_twin_entries(self, case: Case, device: str, env: dict) -> list[Entry] | None:
+        """For a case with a bug switched on (``fixes: no_<fix>`` / ``mutation: no_<fix>``):
+        the entries that apply to the same coordinates with the bug off -- what the harness
+        would expect there, so what of the case they do not explain is what caught the bug.
+        None for other cases. Nothing recorded (no hits)."""
+        c = coords(case, device)
+        for axis, off in CLEAN_VALUE.items():
+            if c.get(axis, off) != off:
+                clean = dict(c, **{axis: off})
+                return [e for e in self.entries if e.selects(clean) and e.applies(env)]
+        return None
 
     def stale(self, scenarios: set[str], backend: str | None = None) -> list[Entry]:
         """Entries for the scenarios (and backend) this run ran cases of that matched none."""
@@ -281,12 +340,31 @@ def _failures(path, where, raw) -> tuple[Failure, ...]:
         if not isinstance(strict, bool):
             raise RegistryError(f"{path}: {w}.strict: must be true or false, not {strict!r}")
         out.append(Failure(check, None if q is None else str(q),
-                           None if msg is None else str(msg), strict))
+                           None if msg is None else str(msg), strict,
+                           _sizes(path, f"{w}.up_to", f.get("up_to")),
+                           _sizes(path, f"{w}.beyond", f.get("beyond"))))
     if len({(f.check, f.quantity) for f in out}) != len(out):
         raise RegistryError(f"{path}: {where}: a check (and quantity) is named twice")
     if not any(f.strict for f in out):
         raise RegistryError(f"{path}: {where}: every failure is strict: false; an entry must "
                             f"name at least one failure that must happen")
+    return tuple(out)
+
+
+def _sizes(path, where, raw) -> tuple[tuple[str, float], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise RegistryError(f"{path}: {where}: must map a metric to a number, e.g. "
+                            f"{{max_abs: 1.0e-3}}; metrics: {', '.join(SIZE_METRICS)}")
+    out = []
+    for m, b in raw.items():
+        if m not in SIZE_METRICS:
+            raise RegistryError(f"{path}: {where}.{m}: unknown metric; allowed: "
+                                f"{', '.join(SIZE_METRICS)}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b < 0:
+            raise RegistryError(f"{path}: {where}.{m}: must be a number >= 0, not {b!r}")
+        out.append((m, float(b)))
     return tuple(out)
 
 

@@ -34,6 +34,7 @@ class RegistryMatch:
         a registry error is a usage error."""
         try:
             entries = self.registry.match(item.case, device, env)
+            item.clean_entries = self.registry.clean_twin_entries(item.case, device, env)
         except registry.RegistryError as e:
             raise pytest.UsageError(str(e)) from None
         if entries:

@@ -5,9 +5,14 @@ Exact semantics (the shape of pytest's own strict xfail, per failure instead of 
 * every failing row (a check's ``fail``, a unit's ``error``; a timeout / crash is a ``case``
   failure) must be explained by a failure an entry names -- else the case FAILS, naming the
   entries that applied and each unexplained failure: one known bug never hides another;
+* a failure an entry names may bound its size (``up_to`` / ``beyond`` on max_abs, rel_l2,
+  n_diff): it explains a failing comparison -- the rows of one (phase, check, quantity,
+  detail), one per metric -- only within those bounds, so a known failure cannot hide a
+  larger one;
 * every failure an entry names must happen where its unit ran: a named check that ran and
-  passed is a strict XPASS ("remove it from entry N"), and so is a case that passed; a failure
-  marked ``strict: false`` (a value-dependent symptom) explains a row but need not happen;
+  passed is a strict XPASS ("remove it from entry N"), and so is a case that passed, and so is
+  a ``beyond`` failure whose comparison failed smaller than it names; a failure marked
+  ``strict: false`` (a value-dependent symptom) explains a row but need not happen;
 * coverage: each unit of the case is passed / failed / xfailed (failed, every failure
   explained) / not_run (with the reason the worker gave).
 """
@@ -40,19 +45,28 @@ def failing_rows(rows: list[dict], status: str, errors: list[str]) -> list[dict]
     return out
 
 
+def comparison_values(bad: list[dict]) -> list[dict]:
+    """For each failing row, metric -> value over the rows of its comparison (same phase,
+    check, quantity and detail: one Recorder.compare writes one row per metric)."""
+    groups: dict[tuple, dict] = {}
+    for r in bad:
+        v = r.get("value")
+        g = groups.setdefault((r.get("phase"), r["check"], r["quantity"], r.get("detail")), {})
+        if isinstance(v, (int, float)):
+            g[r.get("metric")] = v
+    return [groups[(r.get("phase"), r["check"], r["quantity"], r.get("detail"))] for r in bad]
+
+
 def judge(rows: list[dict], status: str = "ok", errors: list[str] = (), entries=()) -> Verdict:
     bad = failing_rows(rows, status, list(errors))
-    explained_by: dict[int, list] = {}
-    unexplained = []
-    for r in bad:
-        hit = [e for e in entries if e.explains(r)]
-        if hit:
-            explained_by.setdefault(id(r), hit)
-        else:
-            unexplained.append(r)
+    sizes = comparison_values(bad)
+    pairs = [(r, v) for r, v in zip(bad, sizes) if not any(e.explains(r, v) for e in entries)]
+    unexplained = [r for r, _ in pairs]
     ran_ok = _units_that_passed(rows)
     unmet = [(e, f) for e in entries for f in e.fails
-             if f.strict and not any(f.explains(r) for r in bad) and f.check in ran_ok]
+             if f.strict and not any(f.happened(r, v) for r, v in zip(bad, sizes))
+             and (f.check in ran_ok or any(f.matches(r) for r in bad))]
+    larger = _larger_than_registered(pairs, entries)
     coverage = _coverage(rows, bad, unexplained)
     if not bad:
         if entries:
@@ -62,8 +76,8 @@ def judge(rows: list[dict], status: str = "ok", errors: list[str] = (), entries=
                            coverage=coverage)
         return Verdict(PASSED, coverage=coverage)
     if unexplained or unmet or not entries:
-        return Verdict(FAILED_, _message(entries, unexplained, unmet), unexplained, unmet,
-                       coverage)
+        return Verdict(FAILED_, _message(entries, unexplained, unmet, larger), unexplained,
+                       unmet, coverage)
     return Verdict(XFAILED, "; ".join(f"{e.label}: {e.reason}" for e in entries), [], [],
                    coverage)
 
@@ -87,8 +101,23 @@ def _coverage(rows, bad, unexplained) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _message(entries, unexplained, unmet) -> str:
+def _larger_than_registered(pairs, entries) -> list[str]:
+    """'check/quantity max_abs 0.0018 > 0.001 (entry N)' for each unexplained comparison that
+    a bounded failure names but that exceeds the bound."""
+    out = []
+    for r, v in pairs:
+        for e in entries:
+            for f in e.fails:
+                if f.matches(r):
+                    out += [f"{r['check']}/{r['quantity']} {t} (entry {e.number})"
+                            for t in f.too_large(r, v)]
+    return list(dict.fromkeys(out))
+
+
+def _message(entries, unexplained, unmet, larger=()) -> str:
     lines = []
+    if larger:
+        lines.append("larger than the known failure: " + "; ".join(larger))
     if entries:
         lines.append("xfail " + ", ".join(f"entry {e.number} explains "
                                           f"{', '.join(_short(f) for f in e.fails)}"
@@ -98,8 +127,12 @@ def _message(entries, unexplained, unmet) -> str:
             f"{r['check']}/{r['quantity']}: {str(r.get('detail', ''))[:300]}"
             for r in _one_per_quantity(unexplained)))
     for e, f in unmet:
-        lines.append(f"{e.label} names {f} failing, but {f.check} ran and passed: remove it "
-                     f"from entry {e.number}")
+        if f.beyond:
+            lines.append(f"{e.label} names {f} failing, but it did not fail that much: remove "
+                         f"it from entry {e.number} or measure again")
+        else:
+            lines.append(f"{e.label} names {f} failing, but {f.check} ran and passed: remove "
+                         f"it from entry {e.number}")
     return "\n".join(lines)
 
 

@@ -74,3 +74,44 @@ def test_a_known_failure_does_not_count_as_catching_a_bug():
     assert t["extra"]["caught_by"] == "quantized_allgather_parity"
     s = mutation_score.scores(list(t.values()))["te"]
     assert (s["caught"], s["masked"], s["ineffective"], s["score"]) == (2, 1, 1, 2 / 3)
+
+
+def test_what_the_clean_entries_miss_is_what_caught_it():
+    """Rows the plugin adds (``new_vs_clean``): a failure of the same quantity as the clean
+    case's known one, grown beyond its registered size, catches the bug; the marker row for
+    'nothing new' makes a case that only fails like its clean twin masked, not caught."""
+    known = row("reshard", 2e-4, "fail", quantity="next_loss")
+    clean = case("clean", "mutation", "none", "xfailed", [known])
+    big = case("big", "mutation", "no_to_copy_keeps_subclass", "xfailed",
+               [row("reshard", 1.8e-3, "fail", quantity="next_loss"),
+                dict(row("reshard", float("nan"), "info", quantity="next_loss"),
+                     metric=mutation_score.NEW_VS_CLEAN)])
+    small = case("small", "mutation", "no_empty_untyped_storage", "xfailed",
+                 [row("reshard", 3e-4, "fail", quantity="next_loss"),
+                  dict(row("case", float("nan"), "info", quantity="*"),
+                       metric=mutation_score.NEW_VS_CLEAN)])
+    t = {r["case_id"]: r for r in mutation_score.table([clean, big, small])}
+    assert t["big"]["verdict"] == "caught" and t["big"]["caught_by"] == "reshard"
+    assert t["small"]["verdict"] == "masked"
+
+
+def test_a_rerun_of_the_clean_case_tells_noise_from_an_effect():
+    """DelayedScaling moves values run to run: a mutant whose values differ from the clean
+    case's by at most 10x what a rerun of the clean case moved them is ineffective; one that
+    moves a value more, or a value the rerun did not move, is not."""
+    clean = case("clean", "mutation", "none", "passed",
+                 [row("fp32_parity", 1.0e-3), row("dcp_roundtrip", 0.0, quantity="state")])
+    rerun = case("rerun", "mutation", "rerun", "passed",
+                 [row("fp32_parity", 1.2e-3), row("dcp_roundtrip", 0.0, quantity="state")])
+    noisy = case("noisy", "mutation", "no_empty_untyped_storage", "passed",
+                 [row("fp32_parity", 0.9e-3), row("dcp_roundtrip", 0.0, quantity="state")])
+    moved = case("moved", "mutation", "no_to_copy_keeps_subclass", "passed",
+                 [row("fp32_parity", 5.0e-3), row("dcp_roundtrip", 0.0, quantity="state")])
+    other = case("other", "mutation", "no_quantized_allgather", "passed",
+                 [row("fp32_parity", 1.0e-3), row("dcp_roundtrip", 1e-9, quantity="state")])
+    t = {r["case_id"]: r for r in mutation_score.table([clean, rerun, noisy, moved, other])}
+    assert set(t) == {"noisy", "moved", "other"}  # the rerun is no mutant
+    assert t["noisy"]["verdict"] == "ineffective"
+    assert "at most 10x what the clean case's rerun moved" in t["noisy"]["evidence"]
+    assert t["moved"]["verdict"] == "survived"  # 4e-3 > 10 x 2e-4
+    assert t["other"]["verdict"] == "survived"  # the rerun did not move the state at all

@@ -175,10 +175,20 @@ class TEBackend(TorchBackend):
     def mesh_names(self, case) -> dict | None:
         return MESH_NAMES if "hsdp_mesh_dim_names" in self.applied_workarounds(case) else None
 
+    @contextlib.contextmanager
     def case_context(self, case):
-        """The case's TE mutant (axis ``mutation``) patched in for the case's duration."""
+        """A fresh TE global FP8 state for each case, as a process of its own would have (a
+        long-lived launch runs many; TE registers every DelayedScaling module's amax history
+        in process-global buffers keyed by autocast, so a case must not depend on which
+        cases ran before it), and the case's TE mutant (axis ``mutation``) patched in for the
+        case's duration."""
         from . import te_mutations
-        return te_mutations.applied(case.ax.get("mutation", "none"))
+        _reset_global_state()
+        try:
+            with te_mutations.applied(case.ax.get("mutation", "none")):
+                yield
+        finally:
+            _reset_global_state()
 
     def autocast(self, case):
         te, _, _ = _import()
@@ -189,6 +199,14 @@ class TEBackend(TorchBackend):
     def checks(self, case) -> dict:
         from ..checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
+
+
+def _reset_global_state() -> None:
+    try:
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+    except ImportError:  # older TE: the manager lives in fp8.py
+        from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+    FP8GlobalStateManager.reset()
 
 
 def materialize(model, device) -> None:

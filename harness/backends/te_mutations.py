@@ -156,7 +156,7 @@ MUTANTS: dict[str, Callable[[], Callable[[], None]]] = {
 
 def _consistent() -> None:
     from .. import catalog
-    assert set(MUTANTS) | {"none"} == set(catalog.MUTATIONS), "catalog.MUTATIONS lists the mutants"
+    assert set(MUTANTS) | {"none", "rerun"} == set(catalog.MUTATIONS), "catalog.MUTATIONS lists the mutants"
 
 
 _consistent()
@@ -164,8 +164,9 @@ _consistent()
 
 @contextlib.contextmanager
 def applied(name: str):
-    """The mutant ``name`` patched into TE for the duration of the block (``none``: nothing)."""
-    if name in ("none", "", None):
+    """The mutant ``name`` patched into TE for the duration of the block (``none`` and
+    ``rerun``, the clean case again to measure run-to-run noise: nothing)."""
+    if name in ("none", "rerun", "", None):
         yield
         return
     undo = MUTANTS[name]()

@@ -52,11 +52,6 @@ class Comparison:
         return asdict(self)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().cpu().contiguous().reshape(-1)
-    return t if t.dtype == torch.bool else t.view(torch.uint8)
-
-
 def _index(flat_i: int, shape) -> str:
     if not shape:
         return ""
@@ -84,6 +79,54 @@ def _nonfinite(key: str, side: str, t: torch.Tensor) -> str | None:
             f"first at flat index {i}")
 
 
+def _where(a: torch.Tensor, e: torch.Tensor) -> torch.device:
+    """Compare where the data is: on the GPU when either side is there (no float64 copies on
+    the host, one synchronization per comparison), else on the CPU."""
+    for t in (a, e):
+        if t.device.type == "cuda":
+            return t.device
+    return torch.device("cpu")
+
+
+def _on_device(a: torch.Tensor, e: torch.Tensor):
+    """Both sides on the comparison's device, and their float64 flat views."""
+    dev = _where(a, e)
+    a, e = a.detach().to(dev), e.detach().to(dev)
+    return a, e, a.to(torch.float64).flatten(), e.to(torch.float64).flatten()
+
+
+def _differs(a, e, a64, e64) -> torch.Tensor:
+    if a.dtype == e.dtype:
+        ab, eb = _bits(a).reshape(a64.numel(), -1), _bits(e).reshape(e64.numel(), -1)
+        return (ab != eb).any(dim=1)
+    return ~((a64 == e64) | (a64.isnan() & e64.isnan()))
+
+
+def _stats(k: str, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Per-key statistics, a float64 tensor on the comparison's device (no host sync): n_diff,
+    max_abs, sum of squared finite diffs, sum of squared finite reference values, whether a
+    value on either side is non-finite. Temporaries are freed before the next key."""
+    a, e, a64, e64 = _on_device(a, e)
+    differs = _differs(a, e, a64, e64)
+    diff = (a64 - e64).abs()
+    diff = torch.where(a64.isnan() & e64.isnan(), torch.zeros_like(diff), diff)
+    diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
+    diff = torch.where(differs, diff, torch.zeros_like(diff))
+    fin_d = torch.isfinite(diff)
+    fin_e = torch.isfinite(e64)
+    check_nf = (a.is_floating_point() or e.is_floating_point()) and not _raw_storage(k)
+    nonfin = ((~torch.isfinite(a64)).any() | (~fin_e).any()) if check_nf else differs.new_zeros(())
+    return torch.stack([differs.sum().to(torch.float64), diff.max(),
+                        torch.where(fin_d, diff, torch.zeros_like(diff)).square().sum(),
+                        torch.where(fin_e, e64, torch.zeros_like(e64)).square().sum(),
+                        nonfin.to(torch.float64)])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous().reshape(-1)
+    return t if t.dtype == torch.bool else t.view(torch.uint8)
+
+
 def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> Comparison:
     problems, max_abs, n_diff, n_total, nonfinite = [], 0.0, 0, 0, []
     sq_diff = sq_ref = 0.0
@@ -92,6 +135,7 @@ def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
         problems.append(f"missing {k}")
     for k in sorted(set(actual) - set(expected)):
         problems.append(f"unexpected {k}")
+    keyed = []  # (key, stats) of the tensor pairs to measure
     for k in sorted(set(actual) & set(expected)):
         a, e = actual[k], expected[k]
         if not isinstance(a, torch.Tensor) or not isinstance(e, torch.Tensor):
@@ -103,33 +147,33 @@ def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
             continue
         if a.dtype != e.dtype:
             problems.append(f"{k}: dtype {a.dtype} != {e.dtype}")
-        a64 = a.detach().cpu().to(torch.float64).flatten()
-        e64 = e.detach().cpu().to(torch.float64).flatten()
-        n_total += a64.numel()
-        if a64.numel() == 0:  # e.g. TE's empty _extra_state
+        n_total += a.numel()
+        if a.numel() == 0:  # e.g. TE's empty _extra_state
             continue
-        if (a.is_floating_point() or e.is_floating_point()) and not _raw_storage(k):
+        keyed.append((k, _stats(k, a, e)))
+    # one host sync per device: every key's statistics at once
+    by_dev: dict = {}
+    for i, item in enumerate(keyed):
+        by_dev.setdefault(item[1].device, []).append(i)
+    values = [None] * len(keyed)
+    for idx in by_dev.values():
+        for i, row in zip(idx, torch.stack([keyed[i][1] for i in idx]).cpu().tolist()):
+            values[i] = row
+    for (k, _), (nd, mx, sqd, sqr, nf) in zip(keyed, values):
+        sq_ref += sqr
+        if nf:  # rare: the details, recomputed for this key only
+            _, _, a64, e64 = _on_device(actual[k], expected[k])
             nonfinite += [m for m in (_nonfinite(k, "actual", a64), _nonfinite(k, "expected", e64))
                           if m]
-        if a.dtype == e.dtype:
-            ab, eb = _bits(a).reshape(a64.numel(), -1), _bits(e).reshape(e64.numel(), -1)
-            differs = (ab != eb).any(dim=1)
-        else:
-            differs = ~((a64 == e64) | (a64.isnan() & e64.isnan()))
-        nd = int(differs.sum())
         if nd:
-            n_diff += nd
-            diff = (a64 - e64).abs()
-            both_nan = a64.isnan() & e64.isnan()
-            diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-            diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
-            max_abs = max(max_abs, float(diff.max()))
-            sq_diff += float((diff[torch.isfinite(diff)] ** 2).sum())
+            n_diff += int(nd)
+            max_abs = max(max_abs, mx)
+            sq_diff += sqd
             if first is None:
-                i = int(differs.nonzero()[0])
-                first = f"{k}{_index(i, tuple(a.shape))}: {a64[i].item():.9g} vs {e64[i].item():.9g}"
-        finite = e64[torch.isfinite(e64)]
-        sq_ref += float((finite ** 2).sum())
+                a, e, a64, e64 = _on_device(actual[k], expected[k])
+                i = int(_differs(a, e, a64, e64).nonzero()[0])
+                first = (f"{k}{_index(i, tuple(a.shape))}: {a64[i].item():.9g} vs "
+                         f"{e64[i].item():.9g}")
     if max_abs == math.inf:
         rel = math.inf
     else:

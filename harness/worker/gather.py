@@ -42,8 +42,7 @@ class Gather:
     def run(self) -> dict[str, torch.Tensor]:
         if not self._items:
             return {}
-        pieces = [None] * dist.get_world_size()
-        dist.all_gather_object(pieces, self._items, group=GROUP)
+        pieces = _all_gather(self._items)
         out = {}
         for key, (shape, _, _, mine) in self._items.items():
             if shape == _SCALAR:
@@ -66,6 +65,48 @@ class Gather:
                 full[tuple(slice(o, o + n) for o, n in zip(offs, szs))] = loc
             out[key] = full
         return out
+
+
+def _all_gather(items: dict[str, tuple]) -> list[dict[str, tuple]]:
+    """Every rank's ``items`` (key -> (shape, offsets, sizes, local tensor)): the layout and
+    dtypes as one small object gather, the data as one byte-tensor all-gather of every local
+    piece packed together (no pickled tensors: the copies and the pickling cost more than the
+    wire on one host)."""
+    layout = {k: (shape, offs, szs, t.dtype, tuple(t.shape), t.numel() * t.element_size())
+              for k, (shape, offs, szs, t) in items.items()}
+    flat = [_as_bytes(t) for *_, t in items.values()]  # each padded to ALIGN bytes
+    mine = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
+    layouts = [None] * dist.get_world_size(group=GROUP)
+    dist.all_gather_object(layouts, (layout, mine.numel()), group=GROUP)
+    longest = max(n for _, n in layouts)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:mine.numel()] = mine
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in layouts]
+    dist.all_gather(bufs, padded, group=GROUP)
+    out = []
+    for (lay, _), buf in zip(layouts, bufs):
+        at, got = 0, {}
+        for k, (shape, offs, szs, dtype, local_shape, nbytes) in lay.items():
+            raw = buf[at:at + nbytes]
+            at += _padded(nbytes)
+            got[k] = (shape, offs, szs, raw.view(dtype).reshape(local_shape) if nbytes
+                      else torch.empty(local_shape, dtype=dtype))
+        out.append(got)
+    return out
+
+
+ALIGN = 16  # every piece starts aligned, so its bytes can be viewed as its dtype
+
+
+def _padded(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous().reshape(-1)
+    b = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
+    pad = _padded(b.numel()) - b.numel()
+    return torch.cat([b, b.new_zeros(pad)]) if pad else b
 
 
 def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
