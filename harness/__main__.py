@@ -5,6 +5,7 @@
     python -m harness goldens [--history DIR] [--goldens DIR] [--update-goldens]
     python -m harness calibrate [--run] [--history DIR]         # measured errors -> tolerances
     python -m harness bench --label NAME -- PYTEST_ARGS        # where the time goes
+    python -m harness rejudge --history DIR [--registry FILE]   # recorded runs vs the registry now
 
 Scenarios themselves run under pytest: ``pytest --scenario NAME``. To add a subcommand, put its
 logic under ``harness/`` and append a :class:`harness.report.cli.Command` to ``COMMANDS``.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench
+from . import bench, rejudge
 from .calibration import command as calibration_command
 from .report import cli
 
@@ -27,6 +28,9 @@ COMMANDS: list[cli.Command] = [
     cli.Command("bench", "run pytest on scenarios and show where the time goes: launch "
                 "phases, seconds per producer and check, checked cases per GPU-minute",
                 bench.add_arguments, bench.run),
+    cli.Command("rejudge", "judge recorded runs again against the xfail registry as it is "
+                "now: which verdicts an edit changes, and the margin of every sized failure",
+                rejudge.add_arguments, rejudge.run),
 ]
 
 

@@ -1,0 +1,40 @@
+"""``python -m harness rejudge``: recorded runs judged against the registry as it is now."""
+
+import json
+import textwrap
+
+import pandas as pd
+
+from harness import registry, rejudge
+
+AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
+
+
+def _rows(case_id, outcome, loss):
+    base = dict(run_id="r1", case_id=case_id, scenario="s", backend="te", device="cuda",
+                axes=json.dumps({"recipe": "delayed", "mesh": "dp2"}), case_outcome=outcome,
+                case_status="ok", te_version="2.20.2", torch_version="2.11", phase="reshard")
+    return [dict(base, check="reshard", quantity="*", metric="coverage", value=float("nan"),
+                 row_outcome="failed", detail=""),
+            dict(base, check="reshard", quantity="next_loss", metric="max_abs", value=loss,
+                 row_outcome="fail", detail=f"max_abs={loss}"),
+            dict(base, check="case", quantity="time", metric="duration_s", value=1.0,
+                 row_outcome="info", detail="")]
+
+
+def test_a_bound_that_a_recorded_case_exceeds_changes_its_verdict(tmp_path):
+    p = tmp_path / "xfails.yaml"
+    p.write_text(textwrap.dedent("""\
+        entries:
+          - match: {recipe: delayed}
+            fails: {check: reshard, quantity: next_loss, up_to: {max_abs: 1.0e-3}}
+            reason: measured <= 5e-4
+        """))
+    reg = registry.load(p, AXES)
+    rows = pd.DataFrame(_rows("small", "xfailed", 4e-4) + _rows("large", "xfailed", 2e-3))
+    cases, sizes = rejudge.rejudge(rows, reg)
+    now = {c["case_id"]: c["now"] for c in cases}
+    assert now == {"small": "xfailed", "large": "failed"}
+    large = next(c for c in cases if c["case_id"] == "large")
+    assert "reshard/next_loss max_abs 0.002 > 0.001 (entry 1)" in large["message"]
+    assert sizes == {(1, "reshard/next_loss max_abs<=0.001"): {("<=", "max_abs"): (4e-4, 1e-3)}}
