@@ -103,23 +103,54 @@ def _differs(a, e, a64, e64) -> torch.Tensor:
 
 
 def _stats(k: str, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Per-key statistics, a float64 tensor on the comparison's device (no host sync): n_diff,
-    max_abs, sum of squared finite diffs, sum of squared finite reference values, whether a
-    value on either side is non-finite. Temporaries are freed before the next key."""
+    """Per-key statistics, a float64 tensor on the comparison's device: elements that differ,
+    sum of squared finite reference values, whether a value on either side is non-finite,
+    max-abs and sum of squared finite differences. On a GPU the last two are NaN (filled in
+    by :func:`_diff_stats` for the keys that differ: asking whether any differ would be a
+    host sync per key); on the CPU they are measured here, once."""
     a, e, a64, e64 = _on_device(a, e)
     differs = _differs(a, e, a64, e64)
+    fin_e = torch.isfinite(e).reshape(-1)  # on the narrow dtype: converting keeps finiteness
+    check_nf = (a.is_floating_point() or e.is_floating_point()) and not _raw_storage(k)
+    nonfin = (~(torch.isfinite(a).all() & fin_e.all())) if check_nf else differs.new_zeros(())
+    if a64.device.type != "cpu":
+        sizes = torch.full((2,), math.nan, dtype=torch.float64, device=a64.device)
+    elif bool(differs.any()):
+        sizes = _diff_from(a64, e64, differs)
+    else:
+        sizes = torch.zeros(2, dtype=torch.float64)
+    return torch.cat([torch.stack([differs.sum().to(torch.float64),
+                                   torch.where(fin_e, e64, torch.zeros_like(e64)).square().sum(),
+                                   nonfin.to(torch.float64)]), sizes])
+
+
+def _diff_from(a64, e64, differs) -> torch.Tensor:
+    """Max-abs (a NaN on one side only counts as inf) and the sum of squared finite
+    differences, over the elements that differ."""
     diff = (a64 - e64).abs()
     diff = torch.where(a64.isnan() & e64.isnan(), torch.zeros_like(diff), diff)
     diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
     diff = torch.where(differs, diff, torch.zeros_like(diff))
-    fin_d = torch.isfinite(diff)
-    fin_e = torch.isfinite(e64)
-    check_nf = (a.is_floating_point() or e.is_floating_point()) and not _raw_storage(k)
-    nonfin = ((~torch.isfinite(a64)).any() | (~fin_e).any()) if check_nf else differs.new_zeros(())
-    return torch.stack([differs.sum().to(torch.float64), diff.max(),
-                        torch.where(fin_d, diff, torch.zeros_like(diff)).square().sum(),
-                        torch.where(fin_e, e64, torch.zeros_like(e64)).square().sum(),
-                        nonfin.to(torch.float64)])
+    return torch.stack([diff.max(),
+                        torch.where(torch.isfinite(diff), diff, torch.zeros_like(diff))
+                        .square().sum()])
+
+
+def _diff_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    a, e, a64, e64 = _on_device(a, e)
+    return _diff_from(a64, e64, _differs(a, e, a64, e64))
+
+
+def _fetch(stats: list[torch.Tensor]) -> list[list[float]]:
+    """Every key's statistics to the host, one synchronization per device."""
+    by_dev: dict = {}
+    for i, t in enumerate(stats):
+        by_dev.setdefault(t.device, []).append(i)
+    out: list = [None] * len(stats)
+    for idx in by_dev.values():
+        for i, row in zip(idx, torch.stack([stats[i] for i in idx]).cpu().tolist()):
+            out[i] = row
+    return out
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -151,21 +182,18 @@ def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
         if a.numel() == 0:  # e.g. TE's empty _extra_state
             continue
         keyed.append((k, _stats(k, a, e)))
-    # one host sync per device: every key's statistics at once
-    by_dev: dict = {}
-    for i, item in enumerate(keyed):
-        by_dev.setdefault(item[1].device, []).append(i)
-    values = [None] * len(keyed)
-    for idx in by_dev.values():
-        for i, row in zip(idx, torch.stack([keyed[i][1] for i in idx]).cpu().tolist()):
-            values[i] = row
-    for (k, _), (nd, mx, sqd, sqr, nf) in zip(keyed, values):
+    values = _fetch([st for _, st in keyed])  # one host sync per device for all keys
+    later = [k for (k, _), v in zip(keyed, values) if v[0] and math.isnan(v[3])]
+    sizes = dict(zip(later, _fetch([_diff_stats(actual[k], expected[k])
+                                    for k in later])))  # GPU keys that differ: one more sync
+    for (k, _), (nd, sqr, nf, mx, sqd) in zip(keyed, values):
         sq_ref += sqr
         if nf:  # rare: the details, recomputed for this key only
             _, _, a64, e64 = _on_device(actual[k], expected[k])
             nonfinite += [m for m in (_nonfinite(k, "actual", a64), _nonfinite(k, "expected", e64))
                           if m]
         if nd:
+            mx, sqd = sizes.get(k, (mx, sqd))
             n_diff += int(nd)
             max_abs = max(max_abs, mx)
             sq_diff += sqd
