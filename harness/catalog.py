@@ -142,6 +142,7 @@ CHECKPOINT_FAULTS = ("kill_mid_save", "kill_stager", "truncate_shard", "missing_
 MUTATIONS = {
     "none": "TE as installed",
     "rerun": "TE as installed, run again: the run-to-run noise the mutants are measured against",
+    "rerun2": "TE as installed, a third time (two reruns: a less thin noise estimate)",
     "no_optimizer_dtensor_state": "#2795 reverted: FusedAdam states as plain local tensors",
     "no_to_copy_keeps_subclass": "#2974 reverted: _to_copy / new_empty dequantize (DCP staging)",
     "no_empty_untyped_storage": "#2974 reverted: QuantizedTensor.untyped_storage is torch's",

@@ -17,8 +17,9 @@ same coordinates with the bug absent (``fixes: all`` / ``mutation: none``) and s
 * survived -- nothing failed, but measured values differ from the clean case's: the bug
               changed the run and no check saw it (a blind check);
 * ineffective -- no new failure and every measured value equals the clean case's, or (where
-              the scenario reruns the clean case, ``mutation: rerun``: DelayedScaling is not
-              deterministic run to run) each differs by at most 10x what the rerun moved it:
+              the scenario reruns the clean case, ``mutation: rerun`` / ``rerun2``:
+              DelayedScaling is not deterministic run to run) each differs by at most 10x
+              the largest move between the clean case and its reruns:
               the mutant changed nothing measurable on these coordinates (evidence given).
 
 The mutation score of a backend (and TE version) is caught / (caught + masked + survived).
@@ -69,7 +70,7 @@ def _new_failures(mine: dict, theirs: dict) -> list:
 
 
 NEW_VS_CLEAN = "new_vs_clean"  # metric of the rows naming what the clean twin's entries miss
-RERUN = "rerun"  # the clean case run again: its differences are run-to-run noise
+RERUN = "rerun"  # the clean case run again (rerun, rerun2, ...): their differences are noise
 NOISE_FACTOR = 10.0  # a value moved no more than 10x the rerun's move is noise, not an effect
 
 
@@ -84,12 +85,17 @@ def _new_vs_clean(rows) -> list | None:
                    if r["check"] != "case" or r["quantity"] != "*"})
 
 
-def _noise(clean: dict, rerun: dict | None) -> dict:
-    """value key -> |clean - rerun| for the values that moved between two clean runs."""
-    if rerun is None:
-        return {}
-    a, b = _values(clean.get("rows", [])), _values(rerun.get("rows", []))
-    return {k: abs(a[k] - b[k]) for k in a.keys() & b.keys() if a[k] != b[k]}
+def _noise(clean: dict, reruns: list[dict]) -> dict:
+    """value key -> the largest difference between any two runs of the clean case (the clean
+    case and its reruns), for the values that moved between them."""
+    runs = [_values(c.get("rows", [])) for c in [clean, *reruns]]
+    out: dict = {}
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            for k in a.keys() & b.keys():
+                if a[k] != b[k]:
+                    out[k] = max(out.get(k, 0.0), abs(a[k] - b[k]))
+    return out
 
 
 def _within_noise(differ, mine, theirs, noise) -> bool:
@@ -109,8 +115,8 @@ def _noise_note(differ, mine, theirs, noise) -> str:
     if not noise:
         return ""
     beyond = _beyond_noise(differ, mine, theirs, noise)
-    return (f" (the clean case's rerun: {len(differ) - len(beyond)} of {len(differ)} within "
-            f"{NOISE_FACTOR:g}x its run-to-run move, {len(beyond)} beyond)")
+    return (f" (the clean case's reruns: {len(differ) - len(beyond)} of {len(differ)} within "
+            f"{NOISE_FACTOR:g}x their run-to-run move, {len(beyond)} beyond)")
 
 
 def table(cases: list[dict]) -> list[dict]:
@@ -126,8 +132,8 @@ def table(cases: list[dict]) -> list[dict]:
                    tuple(sorted((k, v) for k, v in ax.items() if k != axis)))
             if ax[axis] == off:
                 clean[key] = c
-            elif ax[axis] == RERUN:
-                reruns[key] = c
+            elif ax[axis].startswith(RERUN):
+                reruns.setdefault(key, []).append(c)
             elif ax[axis].startswith("no_"):
                 injected.append((key, axis, c))
     out = []
@@ -139,7 +145,7 @@ def table(cases: list[dict]) -> list[dict]:
             new = _new_failures(fails, _failures(base.get("rows", [])) if base else {})
         mine, theirs = _values(rows), _values(base.get("rows", []) if base else [])
         differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
-        noise = _noise(base, reruns.get(key)) if base else {}
+        noise = _noise(base, reruns.get(key, [])) if base else {}
         failed = sorted({k[1] for k in new})
         if new:
             verdict, evidence = "caught", ""
@@ -149,9 +155,9 @@ def table(cases: list[dict]) -> list[dict]:
             k = max(differ, key=lambda k: abs(mine[k] - theirs[k]) / noise[k])
             verdict = "ineffective"
             evidence = (f"{len(differ)} measured values differ from the clean case's, each by "
-                        f"at most {NOISE_FACTOR:g}x what the clean case's rerun moved "
+                        f"at most {NOISE_FACTOR:g}x what the clean case's reruns moved "
                         f"({len(noise)} values move run to run); the largest, {k[1]}/{k[2]} "
-                        f"{k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}, rerun moved it "
+                        f"{k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}, the reruns moved it "
                         f"{noise[k]:.3g}: run-to-run noise, no effect")
         elif differ and fails:
             k = _beyond_noise(differ, mine, theirs, noise)[0]

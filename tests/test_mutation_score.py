@@ -112,6 +112,27 @@ def test_a_rerun_of_the_clean_case_tells_noise_from_an_effect():
     t = {r["case_id"]: r for r in mutation_score.table([clean, rerun, noisy, moved, other])}
     assert set(t) == {"noisy", "moved", "other"}  # the rerun is no mutant
     assert t["noisy"]["verdict"] == "ineffective"
-    assert "at most 10x what the clean case's rerun moved" in t["noisy"]["evidence"]
+    assert "at most 10x what the clean case's reruns moved" in t["noisy"]["evidence"]
     assert t["moved"]["verdict"] == "survived"  # 4e-3 > 10 x 2e-4
     assert t["other"]["verdict"] == "survived"  # the rerun did not move the state at all
+
+
+def test_two_reruns_widen_the_noise_to_their_largest_move():
+    """A value one rerun happened to leave alone but a second moved: with both, a mutant
+    moving it as much is noise; a value no run of the clean case moved is still an effect."""
+    clean = case("clean", "mutation", "none", "passed",
+                 [row("fp32_parity", 1.0e-3), row("reshard", 0.5, quantity="n")])
+    rerun = case("rerun", "mutation", "rerun", "passed",
+                 [row("fp32_parity", 1.0e-3), row("reshard", 0.5, quantity="n")])
+    rerun2 = case("rerun2", "mutation", "rerun2", "passed",
+                  [row("fp32_parity", 1.3e-3), row("reshard", 0.5, quantity="n")])
+    mutant = case("m", "mutation", "no_empty_untyped_storage", "passed",
+                  [row("fp32_parity", 2.0e-3), row("reshard", 0.5, quantity="n")])
+    other = case("o", "mutation", "no_quantized_allgather", "passed",
+                 [row("fp32_parity", 1.0e-3), row("reshard", 0.6, quantity="n")])
+    one = {r["case_id"]: r for r in mutation_score.table([clean, rerun, mutant, other])}
+    assert one["m"]["verdict"] == "survived"  # one rerun: fp32_parity never moved
+    both = {r["case_id"]: r for r in mutation_score.table([clean, rerun, rerun2, mutant, other])}
+    assert both["m"]["verdict"] == "ineffective"  # 1e-3 <= 10 x 3e-4
+    assert both["o"]["verdict"] == "survived"
+    assert "(the clean case's reruns: 0 of 1 within 10x" in both["o"]["evidence"]
