@@ -16,7 +16,7 @@ import pytest
 from . import registry
 from . import verdict as verdict_mod
 from .checks.record import COVERAGE
-from .mutation_score import NEW_VS_CLEAN
+from .mutation_score import NEW_VS_CLEAN, NO_NEW_FAILURE
 from .failure_text import one_line
 from .matrix import Case
 from .scheduler import CaseResult
@@ -120,7 +120,7 @@ def coverage_rows(rows: list[dict], v: "verdict_mod.Verdict") -> list[dict]:
 def new_vs_clean_rows(v: "verdict_mod.Verdict") -> list[dict]:
     """One ``new_vs_clean`` row per failure of a bug-switched case that its clean twin's xfail
     entries do not explain (what caught the bug; ``mutation_score`` reads them), or one
-    ``case/*`` row saying there is none."""
+    ``clean_twin/*`` row saying there is none (not ``case``: those rows are the cases')."""
     nan = float("nan")
     base = dict(metric=NEW_VS_CLEAN, value=nan, tolerance=nan, outcome="info")
     seen, out = set(), []
@@ -130,5 +130,5 @@ def new_vs_clean_rows(v: "verdict_mod.Verdict") -> list[dict]:
             seen.add(k)
             out.append(dict(base, phase=k[0], check=k[1], quantity=k[2],
                             detail="not explained by the clean case's xfail entries"))
-    return out or [dict(base, phase="", check="case", quantity="*",
+    return out or [dict(base, phase="", check=NO_NEW_FAILURE, quantity="*",
                         detail="every failure is one the clean case's xfail entries explain")]

@@ -70,6 +70,7 @@ def _new_failures(mine: dict, theirs: dict) -> list:
 
 
 NEW_VS_CLEAN = "new_vs_clean"  # metric of the rows naming what the clean twin's entries miss
+NO_NEW_FAILURE = "clean_twin"  # the check of that metric's row saying there is nothing new
 RERUN = "rerun"  # the clean case run again (rerun, rerun2, ...): their differences are noise
 NOISE_FACTOR = 10.0  # a value moved no more than 10x the rerun's move is noise, not an effect
 
@@ -82,7 +83,7 @@ def _new_vs_clean(rows) -> list | None:
     if not marks:
         return None
     return sorted({(r.get("phase"), r["check"], r["quantity"]) for r in marks
-                   if r["check"] != "case" or r["quantity"] != "*"})
+                   if r["check"] != NO_NEW_FAILURE})
 
 
 def _noise(clean: dict, reruns: list[dict]) -> dict:

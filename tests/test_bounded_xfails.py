@@ -106,7 +106,7 @@ def test_clean_twin_entries_say_what_caught_the_bug(tmp_path):
     assert {(r["check"], r["quantity"]) for r in caught} == {("reshard", "next_loss"),
                                                            ("reshard", "state")}
     none = new_vs_clean_rows(verdict.judge(rows(2e-4, 41), entries=clean))
-    assert [(r["check"], r["quantity"]) for r in none] == [("case", "*")]
+    assert [(r["check"], r["quantity"]) for r in none] == [("clean_twin", "*")]
     assert reg.hits == {1: [], 2: []}  # looking up the twin records no hit
 
 

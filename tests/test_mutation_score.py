@@ -88,7 +88,7 @@ def test_what_the_clean_entries_miss_is_what_caught_it():
                      metric=mutation_score.NEW_VS_CLEAN)])
     small = case("small", "mutation", "no_empty_untyped_storage", "xfailed",
                  [row("reshard", 3e-4, "fail", quantity="next_loss"),
-                  dict(row("case", float("nan"), "info", quantity="*"),
+                  dict(row(mutation_score.NO_NEW_FAILURE, float("nan"), "info", quantity="*"),
                        metric=mutation_score.NEW_VS_CLEAN)])
     t = {r["case_id"]: r for r in mutation_score.table([clean, big, small])}
     assert t["big"]["verdict"] == "caught" and t["big"]["caught_by"] == "reshard"
