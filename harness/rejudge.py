@@ -59,18 +59,19 @@ def rejudge(rows, reg: registry.Registry) -> tuple[list[dict], dict]:
             for e in entries:
                 for f in e.fails:
                     if (f.up_to or f.beyond) and f.explains(r, vals):
-                        _track(sizes[(e.number, str(f))], f, vals)
+                        _track(sizes[(e.number, str(f))], f, vals, cid)
     return out, dict(sizes)
 
 
-def _track(acc: dict, f: registry.Failure, vals: dict) -> None:
-    """up_to: the largest value it explained; beyond: the smallest (the margins to the bound)."""
-    for m, bound in f.up_to:
-        if m in vals:
-            acc[("<=", m)] = (max(acc.get(("<=", m), (vals[m],))[0], vals[m]), bound)
-    for m, bound in f.beyond:
-        if m in vals:
-            acc[(">", m)] = (min(acc.get((">", m), (vals[m],))[0], vals[m]), bound)
+def _track(acc: dict, f: registry.Failure, vals: dict, case_id: str) -> None:
+    """up_to: the largest value it explained; beyond: the smallest (the margins to the bound),
+    with the case that measured it."""
+    for op, sizes, worse in (("<=", f.up_to, max), (">", f.beyond, min)):
+        for m, bound in sizes:
+            if m in vals:
+                old = acc.get((op, m))
+                if old is None or worse(old[0], vals[m]) == vals[m] != old[0]:
+                    acc[(op, m)] = (vals[m], bound, case_id)
 
 
 def _margin(op: str, v: float, bound: float) -> str:
@@ -106,5 +107,6 @@ def run(args: argparse.Namespace) -> int:
               "explained, and the margin to its bound")
         for (n, f), ms in sorted(sizes.items()):
             print(f"  entry {n} {f}: " + ", ".join(
-                f"{m} {v:.4g} ({_margin(op, v, b)})" for (op, m), (v, b) in sorted(ms.items())))
+                f"{m} {v:.4g} ({_margin(op, v, b)}; {cid})"
+                for (op, m), (v, b, cid) in sorted(ms.items())))
     return 1 if changed else 0

@@ -37,4 +37,5 @@ def test_a_bound_that_a_recorded_case_exceeds_changes_its_verdict(tmp_path):
     assert now == {"small": "xfailed", "large": "failed"}
     large = next(c for c in cases if c["case_id"] == "large")
     assert "reshard/next_loss max_abs 0.002 > 0.001 (entry 1)" in large["message"]
-    assert sizes == {(1, "reshard/next_loss max_abs<=0.001"): {("<=", "max_abs"): (4e-4, 1e-3)}}
+    assert sizes == {(1, "reshard/next_loss max_abs<=0.001"): {("<=", "max_abs"): (4e-4, 1e-3,
+                                                                              "small")}}
