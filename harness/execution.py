@@ -46,7 +46,8 @@ class Execution:
         """The launcher and scheduler; ``per_scope``: one scheduling scope per world size
         (xdist workers), else one for all; ``on_launch`` gets each launch's record. On cuda
         each GPU slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at
-        once; on a small CPU box one launch runs at a time (overlapping launches would only fight over the cores)."""
+        once; on a small CPU box one launch runs at a time (overlapping launches would only
+        fight over the cores)."""
         self.launcher = Launcher(launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
                                  rdzv_endpoint=rdzv_endpoint,
                                  node_launcher=shlex.split(node_launcher) if node_launcher

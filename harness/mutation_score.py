@@ -99,17 +99,11 @@ def _noise(clean: dict, reruns: list[dict]) -> dict:
     return out
 
 
-def _within_noise(differ, mine, theirs, noise) -> bool:
-    return bool(noise) and all(
-        k in noise and abs(mine[k] - theirs[k]) <= NOISE_FACTOR * noise[k] for k in differ)
-
-
 def _beyond_noise(differ, mine, theirs, noise) -> list:
-    """The differing values that moved more than the rerun's noise allows (all of them
-    without a rerun), else ``differ``: the evidence names one of these first."""
-    out = [k for k in differ
-           if not (k in noise and abs(mine[k] - theirs[k]) <= NOISE_FACTOR * noise[k])]
-    return out or differ
+    """The differing values that moved more than 10x the clean runs' largest move (every one
+    of them where no rerun moved it, or there is no rerun)."""
+    return [k for k in differ
+            if not (k in noise and abs(mine[k] - theirs[k]) <= NOISE_FACTOR * noise[k])]
 
 
 def _noise_note(differ, mine, theirs, noise) -> str:
@@ -152,7 +146,7 @@ def table(cases: list[dict]) -> list[dict]:
             verdict, evidence = "caught", ""
         elif base is None:
             verdict, evidence = "survived", "no clean case with the same coordinates to compare"
-        elif differ and _within_noise(differ, mine, theirs, noise):
+        elif differ and noise and not _beyond_noise(differ, mine, theirs, noise):
             k = max(differ, key=lambda k: abs(mine[k] - theirs[k]) / noise[k])
             verdict = "ineffective"
             evidence = (f"{len(differ)} measured values differ from the clean case's, each by "
@@ -161,7 +155,7 @@ def table(cases: list[dict]) -> list[dict]:
                         f"{k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}, the reruns moved it "
                         f"{noise[k]:.3g}: run-to-run noise, no effect")
         elif differ and fails:
-            k = _beyond_noise(differ, mine, theirs, noise)[0]
+            k = (_beyond_noise(differ, mine, theirs, noise) or differ)[0]
             verdict = "masked"
             evidence = (f"fails only what the clean case's entries explain ({len(fails)} "
                         f"failures, e.g. {'/'.join(map(str, sorted(fails)[0][1:]))}); "
@@ -169,7 +163,7 @@ def table(cases: list[dict]) -> list[dict]:
                         f"{mine[k]:.6g} vs {theirs[k]:.6g}{_noise_note(differ, mine, theirs, noise)}"
                         f": a known failure hides this bug here")
         elif differ:
-            k = _beyond_noise(differ, mine, theirs, noise)[0]
+            k = (_beyond_noise(differ, mine, theirs, noise) or differ)[0]
             verdict = "survived"
             evidence = (f"{len(differ)} measured values differ from the clean case's, none "
                         f"failed; e.g. {k[1]}/{k[2]} {k[3]}: {mine[k]:.6g} vs {theirs[k]:.6g}"

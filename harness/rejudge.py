@@ -66,12 +66,14 @@ def rejudge(rows, reg: registry.Registry) -> tuple[list[dict], dict]:
 def _track(acc: dict, f: registry.Failure, vals: dict, case_id: str) -> None:
     """up_to: the largest value it explained; beyond: the smallest (the margins to the bound),
     with the case that measured it."""
-    for op, sizes, worse in (("<=", f.up_to, max), (">", f.beyond, min)):
+    for op, sizes in (("<=", f.up_to), (">", f.beyond)):
         for m, bound in sizes:
-            if m in vals:
-                old = acc.get((op, m))
-                if old is None or worse(old[0], vals[m]) == vals[m] != old[0]:
-                    acc[(op, m)] = (vals[m], bound, case_id)
+            if m not in vals:
+                continue
+            old = acc.get((op, m))
+            closer = old is None or (vals[m] > old[0] if op == "<=" else vals[m] < old[0])
+            if closer:
+                acc[(op, m)] = (vals[m], bound, case_id)
 
 
 def _margin(op: str, v: float, bound: float) -> str:

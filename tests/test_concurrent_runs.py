@@ -2,11 +2,11 @@
 or path collision, both histories complete."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from subprocs import run_all
 
 from harness.report import history
 
@@ -32,19 +32,8 @@ def test_two_runs_at_once_in_one_project(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
             "--scenario", "duo"]
-    runs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outs = []
-    try:
-        for p in runs:
-            outs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in runs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    for p, out in zip(runs, outs):
-        assert p.returncode == 0, out
+    for rc, out in run_all([argv, argv], timeout=300, cwd=tmp_path, env=env):
+        assert rc == 0, out
     files = sorted((tmp_path / "reports" / "history").iterdir())
     assert len(files) == 2, files  # two runs, two complete histories, no temporaries
     ids = set()

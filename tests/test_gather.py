@@ -2,21 +2,20 @@
 gloo, mixed dtypes and odd sizes packed into one byte buffer, replicas checked for agreement.
 Two plain subprocesses (no multiprocessing: its resource tracker would outlive the test)."""
 
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from subprocs import run_all
+
 ROOT = Path(__file__).resolve().parent.parent
 
 RANK = textwrap.dedent("""\
-    import os, sys
+    import sys
     import torch
     import torch.distributed as dist
-    rank, port = int(sys.argv[1]), sys.argv[2]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    rank, store = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from harness.worker import gather
@@ -46,25 +45,9 @@ RANK = textwrap.dedent("""\
     """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_gather_mixed_dtypes_uneven_shards_and_diverging_replicas():
-    port = str(_port())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), port], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert [p.returncode for p in procs] == [0, 0], outs
-    assert all(o.strip().endswith("ok") for o in outs), outs
+def test_gather_mixed_dtypes_uneven_shards_and_diverging_replicas(tmp_path):
+    store = str(tmp_path / "store")  # a file rendezvous: no port to race for
+    done = run_all([[sys.executable, "-c", RANK, str(r), store] for r in range(2)], timeout=120,
+                   cwd=ROOT)
+    assert [rc for rc, _ in done] == [0, 0], done
+    assert all(out.strip().endswith("ok") for _, out in done), done

@@ -154,9 +154,12 @@ MUTANTS: dict[str, Callable[[], Callable[[], None]]] = {
 }
 
 
+CLEAN = ("none", "rerun", "rerun2")  # TE as installed: the clean case and its reruns
+
+
 def _consistent() -> None:
     from .. import catalog
-    assert set(MUTANTS) | {"none", "rerun", "rerun2"} == set(catalog.MUTATIONS), "catalog.MUTATIONS lists the mutants"
+    assert set(MUTANTS) | set(CLEAN) == set(catalog.MUTATIONS), "catalog.MUTATIONS lists the mutants"
 
 
 _consistent()
@@ -166,7 +169,7 @@ _consistent()
 def applied(name: str):
     """The mutant ``name`` patched into TE for the duration of the block (``none`` and
     ``rerun`` / ``rerun2``, the clean case again to measure run-to-run noise: nothing)."""
-    if name in ("", None) or name == "none" or name.startswith("rerun"):
+    if not name or name in CLEAN:
         yield
         return
     undo = MUTANTS[name]()

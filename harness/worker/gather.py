@@ -74,15 +74,18 @@ def _all_gather(items: dict[str, tuple]) -> list[dict[str, tuple]]:
     wire on one host)."""
     layout = {k: (shape, offs, szs, t.dtype, tuple(t.shape), t.numel() * t.element_size())
               for k, (shape, offs, szs, t) in items.items()}
-    flat = [_as_bytes(t) for *_, t in items.values()]  # each padded to ALIGN bytes
-    mine = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
+    total = sum(_padded(n) for *_, n in layout.values())
     layouts = [None] * dist.get_world_size(group=GROUP)
-    dist.all_gather_object(layouts, (layout, mine.numel()), group=GROUP)
+    dist.all_gather_object(layouts, (layout, total), group=GROUP)
     longest = max(n for _, n in layouts)
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:mine.numel()] = mine
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    at = 0
+    for *_, t in items.values():  # each piece copied once, into its aligned place
+        b = _as_bytes(t)
+        mine[at:at + b.numel()] = b
+        at += _padded(b.numel())
     bufs = [torch.empty(longest, dtype=torch.uint8) for _ in layouts]
-    dist.all_gather(bufs, padded, group=GROUP)
+    dist.all_gather(bufs, mine, group=GROUP)
     out = []
     for (lay, _), buf in zip(layouts, bufs):
         at, got = 0, {}
@@ -104,9 +107,7 @@ def _padded(n: int) -> int:
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     t = t.contiguous().reshape(-1)
-    b = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
-    pad = _padded(b.numel()) - b.numel()
-    return torch.cat([b, b.new_zeros(pad)]) if pad else b
+    return t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
 
 
 def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
