@@ -42,17 +42,18 @@ class Execution:
     def start(self, cases: list[Case], *, launches_dir: Path, backend: str, device: str,
               gpus: list[str], nnodes: int, rdzv_endpoint: str | None,
               node_launcher: str | None, per_scope: bool, on_launch: Callable,
-              launches_per_gpu: int | None = None) -> None:
+              launches_per_gpu: int | None = None, rank_start: str = "auto") -> None:
         """The launcher and scheduler; ``per_scope``: one scheduling scope per world size
         (xdist workers), else one for all; ``on_launch`` gets each launch's record. On cuda
         each GPU slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at
         once; on a small CPU box one launch runs at a time (overlapping launches would only
-        fight over the cores)."""
+        fight over the cores). ``rank_start``: fork / fresh / auto (``Launcher``)."""
         self.launcher = Launcher(launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
                                  rdzv_endpoint=rdzv_endpoint,
                                  node_launcher=shlex.split(node_launcher) if node_launcher
                                  else None,
-                                 launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU)
+                                 launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU,
+                                 rank_start=rank_start)
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if device == "cuda"

@@ -32,8 +32,10 @@ No shell is involved: the command is an argv list.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Protocol
@@ -88,6 +90,7 @@ class Launch:
         self.delivered: dict[str, TaskResult] = {}  # results handed to the source
         self.fed, self.closed = 0, source is None
         self.t_watched = None  # when the agents exited (or the watch ended)
+        self.tmp: str | None = None  # the launch's TMPDIR, removed with its processes
         if self.closed:
             launch_dir.close_feed(self.d, 0)
 
@@ -121,6 +124,7 @@ class Launch:
         start = time.time()
         hung, timed_out, stopped = None, False, False
         try:
+            self.tmp = tempfile.mkdtemp(prefix=f"harness-{self.name}-", dir=scratch_parent())
             env = _env(self)
             with open(self.d / "torchrun.log", "w") as out:
                 for argv in self.l.commands(self.plan_path, self.world_size, self.name):
@@ -203,6 +207,8 @@ class Launch:
         if self.l.device == "cuda":
             held = gpu.wait_released(set(killed) | extra | {p.pid for p in self.agents},
                                      timeout_s=GPU_RELEASE_S)
+        if self.tmp is not None:  # torchrun's log dir, multiprocessing's pymp-*, stagers' files
+            shutil.rmtree(self.tmp, ignore_errors=True)
         return dict(killed=len(killed), leaked=leaked, gpu_held=held)
 
     def _record(self, start, end, timed_out, cleanup, results, interrupted=False) -> None:
@@ -217,6 +223,21 @@ class Launch:
             started=start, ended=end, **cleanup))
 
 
+# a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
+# $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds 22
+SOCKET_PATH_MAX, SCRATCH_DEPTH = 107, 32 + 22 + 8
+
+
+def scratch_parent() -> str:
+    """Where a launch's temporary directory goes: the temporary directory when sockets made
+    in it fit a Unix socket's path (DCP's process stager failed "AF_UNIX path too long" under
+    a deep TMPDIR), else /tmp."""
+    parent = tempfile.gettempdir()
+    if len(os.fsencode(parent)) + SCRATCH_DEPTH > SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    return parent
+
+
 def _units(by_rank: dict) -> str:
     return ", ".join(f"rank {r} in {u}" for r, u in sorted(by_rank.items())) or "unknown"
 
@@ -225,6 +246,12 @@ def _env(launch: Launch) -> dict:
     """The launch's environment: ours, the slot's, the safe settings and the launch's tag."""
     full = {**os.environ, **launch.l.extra_env, **launch.env, **SAFE_ENV,
             **(CUDA_ENV if launch.l.device == "cuda" else {}), procs.TAG_VAR: launch.tag}
+    if launch.tmp is not None:
+        # every temporary file of the launch's processes goes in a directory of its own, removed
+        # once they are gone: torchrun makes a log dir per launch and ranks that end with
+        # os._exit (or are killed) never run multiprocessing's clean-up of its pymp-* dirs --
+        # a thousand of each were left in /tmp after a day of runs
+        full.update(TMPDIR=launch.tmp, TEMP=launch.tmp, TMP=launch.tmp)
     repo = str(Path(__file__).resolve().parent.parent)
     # the harness, then the directory pytest runs in (on the pytest process's sys.path with
     # ``python -m pytest``): a model factory importable there is importable in the workers

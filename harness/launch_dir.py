@@ -142,11 +142,18 @@ def units(d: Path, task: str) -> dict[int, str]:
 _EXIT = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
-def rank_exits(torchrun_log: str) -> dict[int, str]:
-    """rank -> how it ended, from torchrun's failure summary ("exitcode: -9" = SIGKILL)."""
+_FORKED_EXIT = re.compile(r"harness\.fork_agent: process (\d+) exitcode: (-?\d+)")
+
+
+def rank_exits(torchrun_log: str, pid_ranks: dict[int, int] | None = None) -> dict[int, str]:
+    """rank -> how it ended, from torchrun's failure summary ("exitcode: -9" = SIGKILL) and,
+    for ranks forked by ``harness.fork_agent``, its line per failed rank (a pid; ``pid_ranks``
+    maps it to the rank)."""
+    found = [(int(r), int(c)) for r, c in _EXIT.findall(torchrun_log)]
+    found += [(pid_ranks[int(p)], int(c)) for p, c in _FORKED_EXIT.findall(torchrun_log)
+              if int(p) in (pid_ranks or {})]
     out = {}
-    for rank, code in _EXIT.findall(torchrun_log):
-        code = int(code)
+    for rank, code in found:
         if code < 0:
             try:
                 out[int(rank)] = f"killed by {signal.Signals(-code).name}"
@@ -159,7 +166,7 @@ def rank_exits(torchrun_log: str) -> dict[int, str]:
 
 def crash_account(d: Path, task) -> str:
     """One line: which ranks died how, in which unit, and the task's checkpoint directory."""
-    exits = rank_exits(tail(d / "torchrun.log", 20000))
+    exits = rank_exits(tail(d / "torchrun.log", 20000), pid_ranks(d))
     where = units(d, task.name)
     dead = ", ".join(f"rank {r} {how}" for r, how in sorted(exits.items())) or \
         "no rank's exit status in torchrun's log"
@@ -170,14 +177,19 @@ def crash_account(d: Path, task) -> str:
 
 def progress_pids(d: Path) -> list[int]:
     """Pids the ranks wrote into ``progress/rank*.json``."""
-    out = []
+    return list(pid_ranks(d))
+
+
+def pid_ranks(d: Path) -> dict[int, int]:
+    """pid -> rank, from ``progress/rank*.json``."""
+    out = {}
     for p in (d / "progress").glob("rank*.json"):
         try:
             pid = json.loads(p.read_text()).get("pid")
         except (OSError, json.JSONDecodeError, AttributeError):
             continue
         if isinstance(pid, int):
-            out.append(pid)
+            out[pid] = int(p.stem[4:])
     return out
 
 

@@ -61,6 +61,15 @@ class StaticSource:
         self.left = [t for t in tasks if t.name not in self.results]
 
 
+def fork_ranks(rank_start: str, device: str) -> bool:
+    """Ranks forked from an agent that imported their modules (harness/fork_agent.py) or a
+    fresh Python each (torchrun's own way); auto: fork on CPU, fresh on cuda (the library under
+    test may touch CUDA when imported, and CUDA does not survive a fork)."""
+    if rank_start not in ("auto", "fork", "fresh"):
+        raise ValueError(f"rank_start {rank_start!r}: expected auto, fork or fresh")
+    return rank_start == "fork" or (rank_start == "auto" and device != "cuda")
+
+
 class Launcher:
     """Starts launches: lanes fed by the scheduler (:meth:`run_lane`) or fixed batches
     (:meth:`run_batch`); the argv of a launch; the records of every launch."""
@@ -68,7 +77,8 @@ class Launcher:
     def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                 node_launcher: list[str] | None = None, launches_per_gpu: int = 1):
+                 node_launcher: list[str] | None = None, launches_per_gpu: int = 1,
+                 rank_start: str = "auto"):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
@@ -83,6 +93,7 @@ class Launcher:
         self.rdzv_endpoint = rdzv_endpoint
         self.node_launcher = list(node_launcher or [])
         self.collective_timeout_s = collective_timeout_s
+        self.fork_ranks = fork_ranks(rank_start, device)
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(env or {})
         self.python = python
@@ -186,7 +197,8 @@ class Launcher:
         # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
         # parent on the remote nodes: no --parent there)
         parent = [] if self.node_launcher else ["--parent", str(os.getpid())]
-        torchrun = [self.python, "-m", "harness.tethered", *parent, "torch.distributed.run"]
+        agent = "harness.fork_agent" if self.fork_ranks else "torch.distributed.run"
+        torchrun = [self.python, "-m", "harness.tethered", *parent, agent]
         if self.nnodes == 1:
             return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
         if world_size % self.nnodes:

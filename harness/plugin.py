@@ -74,6 +74,10 @@ def pytest_addoption(parser):
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
                      "default 4, measured best on 2x H200: reports/bench); 1 = one launch "
                      "per GPU slice")
+    g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
+                help="how torchrun starts ranks: 'fork' from an agent that imported torch and "
+                     "the harness once (harness/fork_agent.py), 'fresh' a new Python per rank; "
+                     "auto (default): fork on CPU, fresh on cuda")
     g.addoption("--nnodes", type=int, default=1, metavar="N",
                 help="split each launch over N torchrun agents (c10d rendezvous); without "
                      "--node-launcher they run on this host as simulated nodes")
@@ -258,9 +262,9 @@ class HarnessSession:
         self.execution.start(
             runnable, launches_dir=launches / self.worker_id if self.worker_id else launches,
             backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
-            nnodes=opt("nnodes"), rdzv_endpoint=opt("rdzv_endpoint"),
-            node_launcher=opt("node_launcher"), per_scope=self.worker_id is not None,
-            on_launch=self.record.on_launch, launches_per_gpu=opt("launches_per_gpu"))
+            per_scope=self.worker_id is not None, on_launch=self.record.on_launch,
+            **{k: opt(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
+                                   "launches_per_gpu", "rank_start")})
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 TAG_VAR = "HARNESS_LAUNCH_ID"
 PARENT_VAR = "HARNESS_PARENT_PID"  # the pid a tethered process expects as its parent
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PROC = "/proc"
 
 
@@ -165,6 +166,24 @@ def tether(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> boo
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)  # orphaned before the tether held: nobody waits for this process
     return True
+
+
+def set_name(name: str) -> None:
+    """This process's name as ``ps -o comm`` / ``top`` / ``/proc/PID/comm`` show it (at most 15
+    bytes; Linux only, else nothing): a forked rank's command line is its agent's."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def comm(pid: int) -> str:
+    """A process's name (``set_name``), or "" when it is gone."""
+    try:
+        with open(f"{PROC}/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def expected_parent() -> int | None:

@@ -18,6 +18,8 @@ class Sampler:
         self.launches = launches  # a directory of L### launch directories (may not exist yet)
         self.roots = list(roots or [os.getpid()])
         self.seen: dict[int, str] = {}  # pid -> cmdline when last seen
+        self.names: dict[int, str] = {}  # pid -> process name (a forked rank names itself)
+        self.ranks: set[int] = set()  # pids the ranks wrote (a rank may be gone before a sample)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -25,13 +27,16 @@ class Sampler:
         pids = set(procs.descendants(self.roots))
         for f in self.launches.glob("**/L*/progress/rank*.json"):
             try:
-                pids.add(int(json.loads(f.read_text())["pid"]))
+                pid = int(json.loads(f.read_text())["pid"])
+                pids.add(pid)
+                self.ranks.add(pid)
             except (OSError, KeyError, TypeError, ValueError):  # being rewritten: next sample
                 continue
         for pid in pids:  # the latest command line (a fresh fork still shows its parent's)
             line = procs.cmdline(pid)
             if line and procs.alive(pid):
                 self.seen[pid] = line
+                self.names[pid] = procs.comm(pid) or self.names.get(pid, "")
 
     def _run(self):
         while not self._stop.is_set():

@@ -46,8 +46,8 @@ def test_launcher_on_cuda_waits_for_the_launch_pids_and_records_held_memory(tmp_
                              env={procs.TAG_VAR: tag}, start_new_session=True)
     def ended(launcher, agents, tag, d, plan):
         launch = Launch.__new__(Launch)  # only what _end_processes reads
-        launch.l, launch.agents, launch.tag, launch.d, launch.plan_path = \
-            launcher, agents, tag, d, plan
+        launch.l, launch.agents, launch.tag, launch.d, launch.plan_path, launch.tmp = \
+            launcher, agents, tag, d, plan, None
         return launch._end_processes()
 
     launcher = Launcher(tmp_path, "te", "cuda")

@@ -5,20 +5,23 @@ when its parent dies.
 Pids are collected independently of the launcher's own bookkeeping: a sampler thread records
 every descendant of this test process (torchrun, its ranks, their stagers) and every pid the
 ranks write into their progress files, while the launches run; after the scheduler returns,
-none may be alive (a zombie is dead).
+none may be alive (a zombie is dead). Nor may any file they made in the temporary directory
+(torchrun's log dir, multiprocessing's ``pymp-*``) outlive them.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from harness import procs
+from harness import launch, procs
 from harness.launcher import Launcher
 from harness.matrix import expand
 from harness.scheduler import Scheduler
@@ -44,9 +47,13 @@ timeout_s: 15
 """
 
 
-def _kind(cmdline: str) -> str:
+def _kind(pid: int, cmdline: str, sampler: Sampler) -> str:
+    """A rank forked by harness.fork_agent has its agent's command line and a name of its own;
+    one that ended between two samples is known from the pid it wrote."""
     words = cmdline.split()
-    if "torch.distributed.run" in words:
+    if pid in sampler.ranks or sampler.names.get(pid, "").startswith("harness-rank"):
+        return "rank"
+    if "torch.distributed.run" in words or "harness.fork_agent" in words:
         return "torchrun"
     if "harness.worker" in words:
         return "rank"
@@ -54,10 +61,16 @@ def _kind(cmdline: str) -> str:
 
 
 @pytest.mark.integration
-def test_no_process_survives_hang_crash_raise(tmp_path):
+@pytest.mark.parametrize("rank_start", ["fork", "fresh"])
+def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, rank_start):
+    # this process's and the launches' temporary directory (short: Unix sockets are made in it)
+    systmp = Path(tempfile.mkdtemp(prefix="leaks-"))
+    request.addfinalizer(lambda: shutil.rmtree(systmp, ignore_errors=True))
+    monkeypatch.setenv("TMPDIR", str(systmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))
     (tmp_path / "leaks.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp_path / "leaks.yaml"), "torch")
-    launcher = Launcher(tmp_path / "launches", "torch", "cpu")
+    launcher = Launcher(tmp_path / "launches", "torch", "cpu", rank_start=rank_start)
     with Sampler(tmp_path / "launches") as sampler, \
             Scheduler(launcher, cases, tmp_path / "ckpt") as sched:  # exit: the lanes end
         results = {c.ax["fault"]: sched.result(c) for c in cases}
@@ -66,8 +79,8 @@ def test_no_process_survives_hang_crash_raise(tmp_path):
     assert results["crash"].status == "crash"
     raised = [r for r in results["raise"].failed_rows if r["check"] == "train"]
     assert raised and "injected fault" in raised[0]["detail"]  # recorded, the launch went on
-    kinds = Counter(_kind(c) for c in sampler.seen.values())
-    print(f"processes seen: {dict(kinds)}"); print("\n".join(f"{p} {c[:160]}" for p, c in sampler.seen.items()))
+    kinds = Counter(_kind(p, c, sampler) for p, c in sampler.seen.items())
+    kinds["rank"] += len(sampler.ranks - set(sampler.seen))
     assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
     assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
     survivors = sampler.survivors()
@@ -76,7 +89,9 @@ def test_no_process_survives_hang_crash_raise(tmp_path):
     assert survivors == {}
     assert all(r.leaked == [] for r in launcher.records), [r.leaked for r in launcher.records]
     hang = next(r for r in launcher.records if r.timed_out)
-    assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
+    if rank_start == "fresh":  # forked ranks share their agent's process group: killed with it
+        assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
+    assert sorted(p.name for p in systmp.iterdir()) == []  # no temporary file left behind
 
 
 def _start_tethered_tree(tmp_path, tag):
@@ -134,3 +149,13 @@ def test_kill_tagged_finds_reparented_processes_and_spares_others(tmp_path):
     finally:
         bystander.kill()
         bystander.wait(timeout=10)
+
+
+def test_scratch_dir_fits_unix_sockets(monkeypatch, tmp_path):
+    """A launch's temporary directory stays where the user's temporary directory is, unless the
+    sockets multiprocessing makes there would not fit a Unix socket's path."""
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
+    assert launch.scratch_parent() == "/var/tmp"
+    deep = tmp_path / ("d" * 60)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert launch.scratch_parent() == "/tmp"

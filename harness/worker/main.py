@@ -189,12 +189,17 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
                 started=t0, ended=time.time())
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, hard_exit: bool = True) -> int:
+    """``hard_exit``: end the process with ``os._exit`` once everything is written (a fresh
+    Python's teardown costs seconds); a rank forked by ``harness.fork_agent`` returns instead,
+    so torchrun gets the return value it waits for (and multiprocessing's fork child ends
+    with ``os._exit`` itself)."""
     ap = argparse.ArgumentParser(prog="python -m harness.worker")
     ap.add_argument("--plan", required=True)
     args = ap.parse_args(argv)
     from .. import procs
     procs.tether(procs.expected_parent())  # die with the torchrun agent
+    procs.set_name(f"harness-rank{os.environ.get('RANK', '')}")  # for ps / top
     profile = _start_profile()
     plan = json.loads(Path(args.plan).read_text())
     root = Path(plan["dir"])
@@ -205,7 +210,8 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     progress = root / "progress" / f"rank{rank}.json"
     _write_json(progress, dict(pid=os.getpid(), task=None, state="starting", t=time.time()))
-    timeline = {"main": _T_MAIN}
+    # a rank forked by harness.fork_agent starts with torch imported (its agent's)
+    timeline = {"main": _T_MAIN, "torch_imported_at_start": "torch" in sys.modules}
     ctx = _init(plan, timeline)
     from . import gather
     gather.GROUP = ctx.exchange
@@ -251,4 +257,6 @@ def main(argv=None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     log.flush()
+    if not hard_exit:
+        return 0
     os._exit(0)
