@@ -92,6 +92,17 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def task_wall(launches: list[dict]) -> float:
+    """Seconds in which a task ran in some launch: the union of every launch's interval from
+    its first task's start to its last task's end (launch records' phases); the rest of the
+    wall is launch overhead, however many launches ran at once."""
+    intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in (
+                      "process_start", "imports", "process_group", "backend", "first_task_wait")),
+                  rec["ended"] - rec["phases"].get("teardown", 0))
+                 for rec in launches if rec.get("started") and rec.get("phases")]
+    return _union([(a, b) for a, b in intervals if b > a])
+
+
 def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
               busy: float | None, t0: float | None = None) -> dict:
     cases = df[(df["check"] == "case") & (df["metric"] == "duration_s")]
@@ -99,14 +110,7 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
     checked = sum(outcomes.get(o, 0) for o in ("passed", "xfailed", "failed"))
     launches = meta.get("launches", [])
     phases = {p: sum(rec.get("phases", {}).get(p, 0.0) for rec in launches) for p in PHASES}
-    # a task runs somewhere: the union of every task interval (from the per-case rows' launch
-    # records) against the wall clock; the rest is launch overhead
-    task_intervals = [(rec["started"] + rec["phases"].get("process_start", 0)
-                       + rec["phases"].get("imports", 0) + rec["phases"].get("process_group", 0)
-                       + rec["phases"].get("backend", 0) + rec["phases"].get("first_task_wait", 0),
-                       rec["ended"] - rec["phases"].get("teardown", 0))
-                      for rec in launches if rec.get("started") and rec.get("phases")]
-    busy_wall = _union([(a, b) for a, b in task_intervals if b > a])
+    busy_wall = task_wall(launches)
     starts = [rec["started"] for rec in launches if rec.get("started")]
     ends = [rec["ended"] for rec in launches if rec.get("ended")]
     session = {}  # pytest's own time before the first launch and after the last one

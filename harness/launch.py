@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from . import gpu, launch_dir, procs
+from . import bytecode, gpu, launch_dir, procs
 from .interrupt import Interrupted, deferred
 from .tasks import LaunchRecord, Task, TaskResult
 
@@ -257,37 +257,8 @@ def _env(launch: Launch) -> dict:
     # ``python -m pytest``): a model factory importable there is importable in the workers
     full["PYTHONPATH"] = os.pathsep.join(
         p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
-    full.update(bytecode_cache(full))
+    full.update(bytecode.worker_env(full))
     return full
-
-
-def bytecode_cache(env: dict) -> dict:
-    """Where the workers cache compiled bytecode when it cannot sit next to the sources.
-
-    Every rank imports torch (and TE) from scratch. With ``PYTHONDONTWRITEBYTECODE`` set (common
-    in containers) or a site-packages without ``__pycache__`` (read-only, or installed with
-    ``--no-compile``), each rank of each launch compiles thousands of modules: measured on
-    2x H200, 14 s of ``compile()`` in two ranks of one launch. Then the workers read and write
-    bytecode under ``$XDG_CACHE_HOME/fsdp2-harness/pycache`` (``PYTHONPYCACHEPREFIX``) -- only
-    their own processes, a user's own prefix is kept, and nothing changes where bytecode works.
-    """
-    if env.get("PYTHONPYCACHEPREFIX"):
-        return {}
-    import importlib.util
-
-    import torch
-    cached = os.path.exists(importlib.util.cache_from_source(torch.__file__))
-    if cached and not env.get("PYTHONDONTWRITEBYTECODE"):
-        return {}
-    root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" / "pycache"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return {}
-    out = {"PYTHONPYCACHEPREFIX": str(root)}
-    if env.get("PYTHONDONTWRITEBYTECODE"):
-        out["PYTHONDONTWRITEBYTECODE"] = ""  # empty: unset for Python
-    return out
 
 
 def _results(launch: Launch, start, end, hung, timed_out) -> dict:

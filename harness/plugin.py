@@ -19,6 +19,12 @@ pytest nodes).
 
 from __future__ import annotations
 
+from . import bytecode
+
+# before anything imports torch: where torch ships no bytecode and the environment says not to
+# write any, pytest would compile torch (and TE) on every run (harness/bytecode.py)
+bytecode.use_here()
+
 import time
 from pathlib import Path
 

@@ -50,7 +50,7 @@ def test_workers_cache_bytecode_where_it_cannot_sit_beside_the_sources(tmp_path)
 
     import torch
 
-    from harness.launch import bytecode_cache
+    from harness.bytecode import worker_env as bytecode_cache
     env = {"PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path)}
     got = bytecode_cache(env)
     assert got == {"PYTHONPYCACHEPREFIX": str(tmp_path / "fsdp2-harness" / "pycache"),
@@ -59,3 +59,29 @@ def test_workers_cache_bytecode_where_it_cannot_sit_beside_the_sources(tmp_path)
     assert bytecode_cache({**env, "PYTHONPYCACHEPREFIX": "/mine"}) == {}
     if os.path.exists(importlib.util.cache_from_source(torch.__file__)):
         assert bytecode_cache({"XDG_CACHE_HOME": str(tmp_path)}) == {}
+
+
+def test_pytest_itself_caches_bytecode_where_it_cannot_sit_beside_the_sources(tmp_path):
+    """The pytest process turns the same cache on for itself before torch is imported (on the
+    GPU box 5.8 s of a 12 s ``--collect-only`` was compiling torch and TE); not where bytecode
+    works, and never over a prefix the user chose."""
+    import subprocess
+    import sys
+    code = ("import sys; from harness import bytecode; "
+            "print(bytecode.use_here(), sys.pycache_prefix, sys.dont_write_bytecode)")
+
+    def run(**env):
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**base, "XDG_CACHE_HOME": str(tmp_path), **env}, cwd=ROOT,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run(PYTHONDONTWRITEBYTECODE="1") == [
+        "True", str(tmp_path / "fsdp2-harness" / "pycache"), "False"]
+    assert run(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX="/mine")[0] == "False"
+    from harness import bytecode
+    if bytecode._torch_has_bytecode():
+        assert run() == ["False", "None", "False"]
