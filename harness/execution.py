@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from . import options
+from . import interrupt, options
 from .launcher import Launcher
 from .matrix import Case
 from .scheduler import Scheduler
@@ -38,6 +38,7 @@ class Execution:
                                           dir=work_dir or options.default_work_parent()))
         self.launcher: Launcher | None = None
         self.scheduler: Scheduler | None = None
+        self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
 
     def start(self, cases: list[Case], *, launches_dir: Path, backend: str, device: str,
               gpus: list[str], nnodes: int, rdzv_endpoint: str | None,
@@ -59,6 +60,7 @@ class Execution:
                                    concurrency=None if device == "cuda"
                                    else max(1, (os.cpu_count() or 1) // 4))
         self.scheduler.on_launch.append(on_launch)
+        self.stacks = interrupt.stacks_on_sigusr1(Path(launches_dir) / "pytest-stacks.txt")
 
     def shutdown(self) -> None:
         """The lanes end: at once if every case has its result, else they are stopped (a run
@@ -67,5 +69,7 @@ class Execution:
             self.scheduler.shutdown()
 
     def cleanup(self, keep_work: bool) -> None:
+        interrupt.no_stacks_on_sigusr1(self.stacks)
+        self.stacks = None
         if not keep_work:
             shutil.rmtree(self.work, ignore_errors=True)

@@ -13,9 +13,13 @@ modules below were imported here -- each rank then shares them copy-on-write ins
 importing them again.
 
 Forking is only safe before CUDA or threads that hold locks exist: the agent imports, it runs
-nothing on a device, and ``OMP_NUM_THREADS=1`` (the launcher's safe environment) keeps torch's
-thread pool from starting. The launcher uses this agent on CPU only; GPU launches (the library
-under test may touch CUDA when imported) keep torchrun's fresh-Python ranks.
+nothing on a device, ``OMP_NUM_THREADS=1`` (the launcher's safe environment) keeps torch's thread
+pool from starting, and ``torch.cuda.is_available()`` asks NVML (asking the CUDA runtime would
+leave a forked child unable to use CUDA). The launcher forks by default on CPU only
+(``--rank-start``): on 1x H200 forked ranks gave the same outcomes but no speed-up (16 cores;
+each rank still imports the library under test), so GPU launches keep fresh-Python ranks.
+Each forked rank gets a fresh Python's signal handling and ``sys.argv``, and names itself
+``harness-rank<R>`` (its command line is the agent's).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def rank_main(*cmd_args: str) -> int:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     worker._T_MAIN = time.time()  # the rank's process is up (its imports are the agent's)
+    sys.argv = [worker.__file__, *cmd_args[i + 2:]]  # what a fresh rank's sys.argv would hold
     # returned to torchrun, which waits for every rank's return value
     return worker.main(list(cmd_args[i + 2:]), hard_exit=False)
 

@@ -15,9 +15,11 @@ Launcher.stop).
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 HELD = (signal.SIGINT, signal.SIGTERM)
@@ -77,6 +79,25 @@ def deferred():
             signal.signal(s, h)
         for s in dict.fromkeys(got):
             signal.raise_signal(s)  # handled by the restored handler (KeyboardInterrupt)
+
+
+def stacks_on_sigusr1(path: Path):
+    """``kill -USR1 <pytest pid>`` appends every thread of this process's Python stack to
+    ``path`` (what the ranks' ``stacks/rank*.txt`` are for a hung rank, for pytest itself).
+    Returns the open file (``None`` where SIGUSR1 is someone else's or not settable here)."""
+    if not _main_thread() or not hasattr(signal, "SIGUSR1") \
+            or signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a")
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    return f
+
+
+def no_stacks_on_sigusr1(f) -> None:
+    if f is not None and _main_thread():
+        faulthandler.unregister(signal.SIGUSR1)
+        f.close()
 
 
 def unfinished(hs, collected: dict):

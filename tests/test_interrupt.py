@@ -70,8 +70,15 @@ def _start(tmp_path):
     argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
             "--scenario", "stopme", "--scenario-dir", str(scen), "--report-dir", str(reports),
             "--work-dir", str(work)]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # as a terminal's pytest: a shell's background job (how this suite may itself be run)
+    # ignores SIGINT, a child inherits that and Python then never raises KeyboardInterrupt --
+    # the SIGINT case timed out twice that way; a handler here is reset to the default on exec
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
     return p, reports, work
 
 
@@ -94,7 +101,15 @@ def test_signal_stops_the_run_cleanly(tmp_path, who, sig):
             time.sleep(0.5)  # let the sampler see the running ranks
             t0 = time.monotonic()
             (os.killpg if who == "group" else os.kill)(p.pid, sig)
-            out, _ = p.communicate(timeout=60)
+            try:
+                out, _ = p.communicate(timeout=90)
+            except subprocess.TimeoutExpired:  # where it hangs: pytest's threads' stacks
+                os.kill(p.pid, signal.SIGUSR1)
+                time.sleep(2)
+                stacks = "".join(f.read_text()
+                                 for f in reports.glob("runs/*/launches/pytest-stacks.txt"))
+                pytest.fail(f"pytest did not stop within 90 s of {signal.Signals(sig).name}; "
+                            f"its threads:\n{stacks[-8000:]}")
             stop_s = time.monotonic() - t0
     finally:
         if p.poll() is None:
@@ -127,8 +142,18 @@ def test_sigkilled_pytest_takes_its_launch_down(tmp_path):
     p, reports, work = _start(tmp_path)
     try:
         with Sampler(reports, roots=[p.pid]) as sampler:
-            _mid_batch(reports)
+            launch = _mid_batch(reports)
             time.sleep(0.5)
+            # a live run's own account of where it is: kill -USR1 -> its threads' stacks
+            os.kill(p.pid, signal.SIGUSR1)
+            stacks_file = launch.parent / "pytest-stacks.txt"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and "scheduler.py" not in (
+                    stacks_file.read_text() if stacks_file.exists() else ""):
+                time.sleep(0.1)
+            stacks = stacks_file.read_text()
+            assert "scheduler.py" in stacks and "launch.py" in stacks  # main thread, a lane
+            assert p.poll() is None  # the dump did not stop the run
             os.kill(p.pid, signal.SIGKILL)  # pytest only: its launch is in other sessions
             p.communicate(timeout=30)
             gone_s = _wait_gone(sampler, 20.0)
