@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .tasks import task_wall
+
 PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown",
           "ranks_exit", "agents_exit", "cleanup")  # the last three: the teardown split
 
@@ -78,29 +80,6 @@ class GpuSampler:
 
     def gpus(self) -> int:
         return max((len(s) for s in self.samples), default=0)
-
-
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, None
-    for a, b in sorted(intervals):
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
-
-
-def task_wall(launches: list[dict]) -> float:
-    """Seconds in which a task ran in some launch: the union of every launch's interval from
-    its first task's start to its last task's end (launch records' phases); the rest of the
-    wall is launch overhead, however many launches ran at once."""
-    intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in (
-                      "process_start", "imports", "process_group", "backend", "first_task_wait")),
-                  rec["ended"] - rec["phases"].get("teardown", 0))
-                 for rec in launches if rec.get("started") and rec.get("phases")]
-    return _union([(a, b) for a, b in intervals if b > a])
 
 
 def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,

@@ -24,6 +24,11 @@ def _torch_has_bytecode() -> bool:
                 and os.path.exists(importlib.util.cache_from_source(spec.origin)))
 
 
+def _needed(prefix, dont_write) -> bool:
+    """No prefix chosen, and bytecode cannot be written, or torch has none beside it."""
+    return not prefix and bool(dont_write or not _torch_has_bytecode())
+
+
 def _root(env) -> Path | None:
     root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" / "pycache"
     try:
@@ -35,9 +40,7 @@ def _root(env) -> Path | None:
 
 def worker_env(env: dict) -> dict:
     """The variables that give a launched process (agent, rank) the cache; {} if not needed."""
-    if env.get("PYTHONPYCACHEPREFIX"):
-        return {}
-    if _torch_has_bytecode() and not env.get("PYTHONDONTWRITEBYTECODE"):
+    if not _needed(env.get("PYTHONPYCACHEPREFIX"), env.get("PYTHONDONTWRITEBYTECODE")):
         return {}
     root = _root(env)
     if root is None:
@@ -51,9 +54,7 @@ def worker_env(env: dict) -> dict:
 def use_here() -> bool:
     """The same cache for this process (pytest), from here on: call it before torch is
     imported. Returns whether it was turned on."""
-    if sys.pycache_prefix or "torch" in sys.modules:
-        return False
-    if _torch_has_bytecode() and not sys.dont_write_bytecode:
+    if "torch" in sys.modules or not _needed(sys.pycache_prefix, sys.dont_write_bytecode):
         return False
     root = _root(os.environ)
     if root is None:

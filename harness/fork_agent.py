@@ -12,7 +12,8 @@ function that runs ``harness.worker``'s ``main`` in a process forked from this o
 modules below were imported here -- each rank then shares them copy-on-write instead of
 importing them again.
 
-Forking is only safe before CUDA or threads that hold locks exist: the agent imports, it runs
+Forking is only safe before CUDA or threads that hold locks exist: the agent imports (its exit
+watcher thread only polls its children), it runs
 nothing on a device, ``OMP_NUM_THREADS=1`` (the launcher's safe environment) keeps torch's thread
 pool from starting, and ``torch.cuda.is_available()`` asks NVML (asking the CUDA runtime would
 leave a forked child unable to use CUDA). The launcher forks by default on CPU only
@@ -27,7 +28,10 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import signal
 import sys
+import threading
+import time
 
 # what a rank imports before and during its cases (the library under test's are the backend's)
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint",
@@ -54,9 +58,6 @@ def rank_main(*cmd_args: str) -> int:
     i = cmd_args.index("-m")
     if cmd_args[i + 1] != "harness.worker":
         raise SystemExit(f"fork_agent runs harness.worker only, not {cmd_args[i + 1]}")
-    import signal
-    import time
-
     from harness.worker import main as worker
     # a fresh Python's signal handling, not the agent's (torchrun's SIGTERM handler raises an
     # exception, which a rank waiting inside a collective would only see once it returns)
@@ -108,7 +109,6 @@ def main(argv: list[str]) -> None:
     # torchrun's own run() (standalone rendezvous, config from the arguments) with the entry
     # point swapped: it calls elastic_launch(config=..., entrypoint=python)(*["-u", "-m", ...])
     torchrun.elastic_launch = functools.partial(_forking_launch, torchrun.elastic_launch)
-    import threading
     stop = threading.Event()
     threading.Thread(target=_watch_exits, args=(stop,), daemon=True).start()
     try:

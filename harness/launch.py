@@ -246,12 +246,11 @@ def _env(launch: Launch) -> dict:
     """The launch's environment: ours, the slot's, the safe settings and the launch's tag."""
     full = {**os.environ, **launch.l.extra_env, **launch.env, **SAFE_ENV,
             **(CUDA_ENV if launch.l.device == "cuda" else {}), procs.TAG_VAR: launch.tag}
-    if launch.tmp is not None:
-        # every temporary file of the launch's processes goes in a directory of its own, removed
-        # once they are gone: torchrun makes a log dir per launch and ranks that end with
-        # os._exit (or are killed) never run multiprocessing's clean-up of its pymp-* dirs --
-        # a thousand of each were left in /tmp after a day of runs
-        full.update(TMPDIR=launch.tmp, TEMP=launch.tmp, TMP=launch.tmp)
+    # every temporary file of the launch's processes goes in a directory of its own, removed
+    # once they are gone: torchrun makes a log dir per launch and ranks that end with os._exit
+    # (or are killed) never run multiprocessing's clean-up of its pymp-* dirs -- a thousand of
+    # each were left in /tmp after a day of runs
+    full.update(TMPDIR=launch.tmp, TEMP=launch.tmp, TMP=launch.tmp)
     repo = str(Path(__file__).resolve().parent.parent)
     # the harness, then the directory pytest runs in (on the pytest process's sys.path with
     # ``python -m pytest``): a model factory importable there is importable in the workers

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import interrupt, mutation_score, results
+from .tasks import task_wall
 
 LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
                  "timed_out", "gpus", "killed", "leaked", "gpu_held", "interrupted", "phases",
@@ -68,7 +69,7 @@ class RunRecord:
         rows = [r for outcome, info in self.collected.values()
                 for r in results.case_rows(info, outcome)]
         wall = time.time() - self.t0
-        overhead = sum(r["overhead_s"] for r in self.launch_records)
+        overhead = idle_wall(self.launch_records, wall)
         launch_wall = sum(r["wall_s"] for r in self.launch_records)
         meta.update(run_id=run_id, scenarios=scenarios, wall_s=wall,
                     launches=self.launch_records, launch_overhead_s=overhead,
@@ -109,12 +110,16 @@ class RunRecord:
             tr.write_line(self.report_error, red=True)
 
 
+def idle_wall(recs: list[dict], wall: float) -> float:
+    """Launch overhead: the seconds of ``wall`` in which no task ran in any launch (concurrent
+    launches' start-ups overlap; summing each launch's own overhead gave "122% of wall")."""
+    return max(0.0, wall - task_wall(recs))
+
+
 def _launches(tr, recs: list[dict], wall: float) -> None:
-    """The launches and the launch overhead: the wall time in which no task ran anywhere
-    (concurrent launches' start-ups overlap; summing them gave "122% of wall")."""
+    """The launches and their overhead (``idle_wall``)."""
     if recs:
-        from .bench import task_wall
-        idle = max(0.0, wall - task_wall(recs))
+        idle = idle_wall(recs, wall)
         per_world = Counter(r["world_size"] for r in recs)
         tr.write_line(f"torchrun launches: {len(recs)} ("
                       + ", ".join(f"{n} x world {w}" for w, n in sorted(per_world.items()))

@@ -58,3 +58,26 @@ class LaunchRecord:
     phases: dict = field(default_factory=dict)
     started: float = 0.0  # wall-clock start / end (overlapping launches: the union is what counts)
     ended: float = 0.0
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def task_wall(launches: list[dict]) -> float:
+    """Seconds in which a task ran in some launch: the union of every launch's interval from
+    its first task's start to its last task's end (launch records' phases); the rest of the
+    wall is launch overhead, however many launches ran at once."""
+    intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in (
+                      "process_start", "imports", "process_group", "backend", "first_task_wait")),
+                  rec["ended"] - rec["phases"].get("teardown", 0))
+                 for rec in launches if rec.get("started") and rec.get("phases")]
+    return _union([(a, b) for a, b in intervals if b > a])
