@@ -83,7 +83,8 @@ class Launch:
         self.name, self.d = launcher.new_dir()
         timeout = max([t.case.timeout_s for t in tasks] + [getattr(source, "timeout_s", 0.0)])
         self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
-                                               launcher.collective_timeout_s, timeout_s=timeout)
+                                               launcher.collective_timeout_s, timeout_s=timeout,
+                                               setup_timeout_s=launcher.startup_timeout_s / 3)
         self.tag = procs.new_tag(self.name)
         self.by_name = {t.name: t for t in tasks}
         self.agents: list[subprocess.Popen] = []
@@ -291,5 +292,6 @@ def _results(launch: Launch, start, end, hung, timed_out) -> dict:
             for t in launch.by_name.values():
                 results[t.name] = TaskResult(
                     name=t.name, status="crash", launch=name,
-                    errors={-1: f"torchrun {why}\n{log}"}, logs=launch_dir.all_logs(d))
+                    errors={-1: f"torchrun {why}\n{log}"}, logs=launch_dir.all_logs(d),
+                    stacks=launch_dir.read_stacks(d))
     return results

@@ -163,7 +163,8 @@ def test_a_diverged_replica_fails_naming_parameter_and_ranks(outcome, mesh):
     res = outcome[0][f"diverge_replica:none:sync:{mesh}"]
     rows = [r for r in res.failed_rows if (r["check"], r["quantity"], r["metric"])
             == ("fp32_parity", "params", "max_abs")]
-    assert rows and "#replicas_diverge(ranks " in rows[0]["detail"], res.failed_rows
+    assert rows and "#replicas_diverge(ranks " in rows[0]["detail"], (res.status, res.errors,
+                                                                   res.failed_rows)
     assert " vs 3 at offset " in rows[0]["detail"]  # rank 3 (the last) holds the odd copy
 
 

@@ -103,6 +103,16 @@ def _redirect_output(log_dir: Path, rank: int):
     return log
 
 
+def _cpu_timeout_s(group) -> float | None:
+    """The timeout a group's CPU (gloo) backend runs its collectives under, as torch holds it
+    (None where this torch does not say)."""
+    import torch
+    try:
+        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _init(plan: dict, timeline: dict):
     import torch
     import torch.distributed as dist
@@ -113,20 +123,30 @@ def _init(plan: dict, timeline: dict):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     timeout = timedelta(seconds=plan["collective_timeout_s"])
+    # the groups form under the launch's set-up timeout (connections, not a case's collective),
+    # then take the timeouts their collectives run under
+    setup = timedelta(seconds=plan.get("setup_timeout_s", plan["collective_timeout_s"]))
     if plan["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         # async DCP needs a CPU backend beside NCCL
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
-    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=plan["control_timeout_s"]))
+        dist.init_process_group("gloo", timeout=setup)
+    control = dist.new_group(backend="gloo", timeout=setup)
     # Inside a unit a rank may be where the others never arrive (one raised): the harness's own
     # collectives there go over a group of their own, so the control group's agreement after
     # the unit always pairs up; a timed-out exchange is caught by the health check.
-    exchange = dist.new_group(backend="gloo", timeout=timeout)
-    async_group = dist.new_group(backend="gloo", timeout=timeout)
+    exchange = dist.new_group(backend="gloo", timeout=setup)
+    async_group = dist.new_group(backend="gloo", timeout=setup)
+    groups = {"main": (dist.group.WORLD, timeout),
+              "control": (control, timedelta(seconds=plan["control_timeout_s"])),
+              "exchange": (exchange, timeout), "async": (async_group, timeout)}
+    for group, t in groups.values():
+        dist.distributed_c10d._set_pg_timeout(t, group)
+    timeline["group_timeouts_s"] = {name: _cpu_timeout_s(group)
+                                    for name, (group, _) in groups.items()}
     torch.use_deterministic_algorithms(True, warn_only=True)
     timeline["process_group"] = time.time()
     if any(dict(map(tuple, t["case"]["axes"])).get("dcp") == "async_process"
@@ -212,7 +232,11 @@ def main(argv=None, *, hard_exit: bool = True) -> int:
     _write_json(progress, dict(pid=os.getpid(), task=None, state="starting", t=time.time()))
     # a rank forked by harness.fork_agent starts with torch imported (its agent's)
     timeline = {"main": _T_MAIN, "torch_imported_at_start": "torch" in sys.modules}
+    # a rank stuck before its process group exists is ended by torchrun (its peers' store wait
+    # times out), not by the launcher's watchdog: its stacks are written before that happens
+    faulthandler.dump_traceback_later(0.8 * plan.get("setup_timeout_s", 60.0), file=stacks)
     ctx = _init(plan, timeline)
+    faulthandler.cancel_dump_traceback_later()
     from . import gather
     gather.GROUP = ctx.exchange
     from . import runner

@@ -1,0 +1,55 @@
+"""A launch's set-up (process groups forming) is bounded by the set-up timeout, not by a case's
+collective timeout -- and the collectives still run under theirs once the groups exist.
+
+Seen in a clean-clone CI run: a world-4 launch of a scenario with ``timeout_s: 15`` (collective
+timeout 7.5 s) failed before its first case, "DistStoreError: wait timeout after 7500ms, keys:
+/default_pg/0//cpu//0/3" -- on this sandboxed VM one TCP connect on loopback in ten took exactly
+5 s in a loop of connects to a TCPStore, so a rank could miss its peers' 7.5 s. Here rank 1
+starts 5 s late (a ``sitecustomize`` on its path sleeps; fresh-Python ranks import it).
+"""
+
+import json
+
+import pytest
+
+from harness.launcher import Launcher, Task
+from harness.matrix import expand
+from harness.spec import load_scenario
+
+SCENARIO = """\
+name: late_rank
+description: a case in a launch whose rank 1 starts late
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [Linear]
+  dcp: [sync]
+  reshard: [none]
+timeout_s: 8
+"""
+LATE_S = 5.0  # > the collective timeout (8 / 2 = 4 s), < the set-up timeout
+
+
+@pytest.mark.integration
+def test_a_late_rank_joins_and_collectives_keep_their_timeout(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep({LATE_S})\n")
+    (tmp_path / "late_rank.yaml").write_text(SCENARIO)
+    (case,) = expand(load_scenario(tmp_path / "late_rank.yaml"), "torch")
+    launcher = Launcher(tmp_path / "launches", "torch", "cpu", rank_start="fresh",
+                        env={"PYTHONPATH": str(site)})
+    (ok,) = launcher.run_batch([Task(f"{case.key}.train", case, "train", tmp_path / "ckpt")],
+                               2).values()
+    assert ok.status == "ok" and not ok.errors, (ok.status, ok.errors)
+    assert ok.rows and not [r for r in ok.rows if r.get("status") == "failed"]
+    assert [r.name for r in launcher.records] == ["L001"]  # no re-launch for the late rank
+    # the groups formed under the set-up timeout, then took their collectives' timeouts (as
+    # torch's gloo backends report them): a case's collective still gives up after 4 s
+    (launch,) = launcher.records
+    timelines = sorted((tmp_path / "launches" / launch.name / "progress").glob("timeline*"))
+    assert len(timelines) == 2
+    for p in timelines:
+        assert json.loads(p.read_text())["group_timeouts_s"] == {
+            "main": 4.0, "control": 8.0, "exchange": 4.0, "async": 4.0}, p.name
