@@ -15,7 +15,10 @@ Every wait is bounded:
 * a launch that dies (a rank crashed or exited) blames the task that was running, with each
   rank's log of that task, the unit each rank was in and the exit status;
 * a launch that never starts a task within ``startup_timeout_s`` fails its tasks with the
-  torchrun log, rather than looping.
+  torchrun log, rather than looping;
+* a launch whose agents fail before any task started (a rank that could not join its process
+  group) hands its tasks to a new launch, once: a transient start failure costs a start, not a
+  batch of crashed cases; a second one in a row crashes them, each naming both.
 
 However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, :meth:`Launcher.stop`),
 every process it started is killed before the next one starts: torchrun, its ranks (each in a
@@ -78,8 +81,11 @@ class Launch:
     launch lives); see the module docstring."""
 
     def __init__(self, launcher, tasks: list[Task], world_size: int, env: dict,
-                 source: TaskSource | None = None):
+                 source: TaskSource | None = None, retry_start: bool = False):
         self.l, self.world_size, self.env, self.source = launcher, world_size, env, source
+        # a launch whose agents fail before any task started hands its tasks back (once per
+        # lane: a transient start failure must not crash a whole batch of cases)
+        self.retry_start, self.start_failed = retry_start, False
         self.name, self.d = launcher.new_dir()
         timeout = max([t.case.timeout_s for t in tasks] + [getattr(source, "timeout_s", 0.0)])
         self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
@@ -148,8 +154,12 @@ class Launch:
                     self._record(start, time.time(), False, cleanup, done, interrupted=True)
         end = time.time()
         results = _results(self, start, end, hung, timed_out)
+        if self.start_failed and self.retry_start:  # nothing delivered: the lane runs them again
+            self._record(start, end, timed_out, cleanup, {}, start_failed="retried")
+            return {}
         self._deliver(results)
-        self._record(start, end, timed_out, cleanup, results)
+        self._record(start, end, timed_out, cleanup, results,
+                     start_failed="reported" if self.start_failed else "")
         return results
 
     def _watch(self, start: float) -> tuple[str | None, bool]:
@@ -171,22 +181,9 @@ class Launch:
             task_name, t0, pids = current
             task = self.by_name.get(task_name)
             if task and time.time() - t0 > task.case.timeout_s:
-                self._dump_stacks(pids)
+                _dump_stacks(self.d, pids)
                 return task_name, True
         return None, False
-
-    def _dump_stacks(self, pids: list[int]) -> None:
-        """SIGUSR1 -> each rank's faulthandler writes its threads' stacks; wait until every
-        rank's stack file grew, at most ``STACK_GRACE_S``."""
-        files = list((self.d / "stacks").glob("rank*.txt"))
-        before = {f: f.stat().st_size for f in files}
-        procs.signal_all(pids, signal.SIGUSR1)
-        deadline = time.monotonic() + STACK_GRACE_S
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            if files and all(f.stat().st_size > n for f, n in before.items()):
-                time.sleep(0.2)  # let the last lines land
-                return
 
     def _end_processes(self) -> dict:
         """Kill every process of the launch and wait until they are gone (bounded); on GPU,
@@ -212,14 +209,15 @@ class Launch:
             shutil.rmtree(self.tmp, ignore_errors=True)
         return dict(killed=len(killed), leaked=leaked, gpu_held=held)
 
-    def _record(self, start, end, timed_out, cleanup, results, interrupted=False) -> None:
+    def _record(self, start, end, timed_out, cleanup, results, interrupted=False,
+                start_failed="") -> None:
         starts = [r.started for r in results.values() if r.started]
         ends = [r.ended for r in results.values() if r.ended]
         overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
         self.l.add_record(LaunchRecord(
             self.name, self.world_size, len(results), end - start, overhead,
             procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
-            interrupted=interrupted,
+            interrupted=interrupted, start_failed=start_failed,
             phases=launch_dir.phases(self.d, start, end, starts, ends, self.t_watched),
             started=start, ended=end, **cleanup))
 
@@ -227,6 +225,20 @@ class Launch:
 # a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
 # $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds 22
 SOCKET_PATH_MAX, SCRATCH_DEPTH = 107, 32 + 22 + 8
+
+
+def _dump_stacks(d: Path, pids: list[int]) -> None:
+    """SIGUSR1 -> each rank's faulthandler writes its threads' stacks; wait until every rank's
+    stack file grew, at most ``STACK_GRACE_S``."""
+    files = list((d / "stacks").glob("rank*.txt"))
+    before = {f: f.stat().st_size for f in files}
+    procs.signal_all(pids, signal.SIGUSR1)
+    deadline = time.monotonic() + STACK_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if files and all(f.stat().st_size > n for f, n in before.items()):
+            time.sleep(0.2)  # let the last lines land
+            return
 
 
 def scratch_parent() -> str:
@@ -287,8 +299,12 @@ def _results(launch: Launch, start, end, hung, timed_out) -> dict:
                             f"per-rank logs below\n{log}"},
                 logs=launch_dir.task_logs(d, started))
         elif not results:
+            # a start that timed out is not retried (it would cost the start-up bound again)
+            launch.start_failed = not timed_out and not launch.delivered
             why = "did not start a task within %.0fs" % launch.l.startup_timeout_s \
                 if timed_out else f"exited with status {returncode} before any task started"
+            if launch.start_failed and not launch.retry_start:
+                why += " (twice in a row: the launch before it failed to start as well)"
             for t in launch.by_name.values():
                 results[t.name] = TaskResult(
                     name=t.name, status="crash", launch=name,

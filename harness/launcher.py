@@ -168,15 +168,17 @@ class Launcher:
         """Launch after launch on one slot until ``source`` has no more tasks: each launch
         starts with ``source.first()`` and is fed while it lives; what a timeout or crash
         left unfinished goes back with ``source.requeue``. Results reach ``source.finished``."""
+        retry_start = True  # one new launch after a launch that failed before its first task
         while True:
             if self._stop.is_set():
                 raise Interrupted("the run is being stopped")
             tasks = source.first()
             if not tasks:
                 return
-            launch = Launch(self, tasks, world_size, env, source)
+            launch = Launch(self, tasks, world_size, env, source, retry_start=retry_start)
             got = launch.run()
-            if not got:  # cannot happen by construction; never loop forever
+            retry_start = not launch.start_failed
+            if not got and not launch.start_failed:  # never loop forever
                 raise RuntimeError(f"launch {launch.name} produced no result")
             left = launch.unfinished()
             if left:

@@ -14,7 +14,7 @@ from .tasks import task_wall
 
 LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
                  "timed_out", "gpus", "killed", "leaked", "gpu_held", "interrupted", "phases",
-                 "started", "ended")
+                 "started", "ended", "start_failed")
 
 
 class RunRecord:
@@ -125,6 +125,11 @@ def _launches(tr, recs: list[dict], wall: float) -> None:
                       + ", ".join(f"{n} x world {w}" for w, n in sorted(per_world.items()))
                       + f"); launch overhead (no task running) {idle:.1f}s = "
                         f"{100 * idle / max(wall, 1e-9):.0f}% of {wall:.1f}s wall")
+        retried = [r["name"] for r in recs if r.get("start_failed") == "retried"]
+        if retried:
+            tr.write_line(f"launches that failed before their first task, their tasks run "
+                          f"again in a new launch: {', '.join(retried)} (logs: "
+                          f"launches/<name>/torchrun.log)", yellow=True)
 
 
 def _fixes_table(tr, table: list[dict]) -> None:

@@ -53,6 +53,8 @@ class LaunchRecord:
     leaked: list = field(default_factory=list)  # "pid cmdline" of processes that survived
     gpu_held: list = field(default_factory=list)  # "pid: N MiB" still held after the launch
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM / Launcher.stop
+    # the agents failed before any task started; "retried": its tasks went to a new launch
+    start_failed: str = ""  # "" | "retried" | "reported" (the tasks' results say crash)
     # where the launch's own time went (seconds; python -m harness bench): process start,
     # imports, process group, backend (TE) import, before the first task, after the last
     phases: dict = field(default_factory=dict)

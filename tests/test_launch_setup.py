@@ -6,6 +6,9 @@ timeout 7.5 s) failed before its first case, "DistStoreError: wait timeout after
 /default_pg/0//cpu//0/3" -- on this sandboxed VM one TCP connect on loopback in ten took exactly
 5 s in a loop of connects to a TCPStore, so a rank could miss its peers' 7.5 s. Here rank 1
 starts 5 s late (a ``sitecustomize`` on its path sleeps; fresh-Python ranks import it).
+
+A launch that fails before its first task anyway runs its tasks again in a new launch, once;
+twice in a row crashes them.
 """
 
 import json
@@ -53,3 +56,68 @@ def test_a_late_rank_joins_and_collectives_keep_their_timeout(tmp_path):
     for p in timelines:
         assert json.loads(p.read_text())["group_timeouts_s"] == {
             "main": 4.0, "control": 8.0, "exchange": 4.0, "async": 4.0}, p.name
+
+
+def _failing_start(tmp_path, times: int) -> Launcher:
+    """A launcher whose rank 1 exits before its process group forms, in the first ``times``
+    launches (a ``sitecustomize`` counts them in a file)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        f"    n = len(os.listdir({str(site)!r})) - 1\n"
+        f"    if n < {times}:\n"
+        f"        open(os.path.join({str(site)!r}, f'failed{{n}}'), 'w').close()\n"
+        "        os._exit(5)\n")
+    return Launcher(tmp_path / "launches", "torch", "cpu", rank_start="fresh",
+                    env={"PYTHONPATH": str(site)})
+
+
+def _two_cases(tmp_path):
+    (tmp_path / "late_rank.yaml").write_text(SCENARIO.replace("  reshard: [none]\n",
+                                                              "  reshard: [none]\n  fault: [none, raise]\n"))
+    return expand(load_scenario(tmp_path / "late_rank.yaml"), "torch")
+
+
+@pytest.mark.integration
+def test_a_launch_that_fails_before_its_first_task_runs_again_once(tmp_path):
+    cases = _two_cases(tmp_path)
+    launcher = _failing_start(tmp_path, times=1)
+    tasks = [Task(f"{c.key}.train", c, "train", tmp_path / f"ckpt{i}") for i, c in enumerate(cases)]
+    results = launcher.run_batch(tasks, 2)
+    assert [r.start_failed for r in launcher.records] == ["retried", ""]
+    assert all(r.status == "ok" for r in results.values()), {n: r.errors for n, r in results.items()}
+    assert len(results) == 2
+
+
+@pytest.mark.integration
+def test_a_launch_that_never_starts_crashes_its_cases_after_one_retry(tmp_path):
+    cases = _two_cases(tmp_path)
+    launcher = _failing_start(tmp_path, times=99)
+    tasks = [Task(f"{c.key}.train", c, "train", tmp_path / f"ckpt{i}") for i, c in enumerate(cases)]
+    results = launcher.run_batch(tasks, 2)
+    assert [r.start_failed for r in launcher.records] == ["retried", "reported"]
+    for r in results.values():
+        assert r.status == "crash" and "before any task started (twice in a row" in r.errors[-1]
+
+
+class _Lines:
+    def __init__(self):
+        self.lines = []
+
+    def write_line(self, text, **markup):
+        self.lines.append(text)
+
+
+def test_the_terminal_names_launches_that_ran_again():
+    from harness import run_record
+    rec = dict(name="L001", world_size=2, started=0.0, ended=5.0, phases={})
+    tr = _Lines()
+    run_record._launches(tr, [{**rec, "start_failed": "retried"},
+                              {**rec, "name": "L002", "start_failed": ""}], 10.0)
+    assert any("failed before their first task" in line and "L001" in line
+               and "L002" not in line for line in tr.lines), tr.lines
+    tr = _Lines()
+    run_record._launches(tr, [{**rec, "name": "L002"}], 10.0)  # records of older runs
+    assert not any("failed before" in line for line in tr.lines)
