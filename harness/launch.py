@@ -300,7 +300,7 @@ def _results(launch: Launch, start, end, hung, timed_out) -> dict:
                 logs=launch_dir.task_logs(d, started))
         elif not results:
             # a start that timed out is not retried (it would cost the start-up bound again)
-            launch.start_failed = not timed_out and not launch.delivered
+            launch.start_failed = not timed_out
             why = "did not start a task within %.0fs" % launch.l.startup_timeout_s \
                 if timed_out else f"exited with status {returncode} before any task started"
             if launch.start_failed and not launch.retry_start:

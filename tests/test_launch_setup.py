@@ -33,16 +33,23 @@ timeout_s: 8
 LATE_S = 5.0  # > the collective timeout (8 / 2 = 4 s), < the set-up timeout
 
 
-@pytest.mark.integration
-def test_a_late_rank_joins_and_collectives_keep_their_timeout(tmp_path):
+def _launcher_with_site(tmp_path, sitecustomize: str) -> Launcher:
+    """A CPU launcher whose fresh-Python ranks run ``sitecustomize`` first (its directory is
+    ``tmp_path / "site"``, on their path)."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        f"import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep({LATE_S})\n")
+    (site / "sitecustomize.py").write_text(sitecustomize)
+    return Launcher(tmp_path / "launches", "torch", "cpu", rank_start="fresh",
+                    env={"PYTHONPATH": str(site)})
+
+
+@pytest.mark.integration
+def test_a_late_rank_joins_and_collectives_keep_their_timeout(tmp_path):
+    launcher = _launcher_with_site(tmp_path, "import os, time\n"
+                                             "if os.environ.get('RANK') == '1':\n"
+                                             f"    time.sleep({LATE_S})\n")
     (tmp_path / "late_rank.yaml").write_text(SCENARIO)
     (case,) = expand(load_scenario(tmp_path / "late_rank.yaml"), "torch")
-    launcher = Launcher(tmp_path / "launches", "torch", "cpu", rank_start="fresh",
-                        env={"PYTHONPATH": str(site)})
     (ok,) = launcher.run_batch([Task(f"{case.key}.train", case, "train", tmp_path / "ckpt")],
                                2).values()
     assert ok.status == "ok" and not ok.errors, (ok.status, ok.errors)
@@ -58,34 +65,29 @@ def test_a_late_rank_joins_and_collectives_keep_their_timeout(tmp_path):
             "main": 4.0, "control": 8.0, "exchange": 4.0, "async": 4.0}, p.name
 
 
-def _failing_start(tmp_path, times: int) -> Launcher:
-    """A launcher whose rank 1 exits before its process group forms, in the first ``times``
-    launches (a ``sitecustomize`` counts them in a file)."""
+def _run_with_failing_starts(tmp_path, times: int):
+    """Two cases (one raising inside its case) in a lane whose rank 1 exits before its process
+    group forms, in the first ``times`` launches (a ``sitecustomize`` counts them in files
+    beside itself). Returns (launcher, results)."""
     site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
+    launcher = _launcher_with_site(
+        tmp_path,
         "import os\n"
         "if os.environ.get('RANK') == '1':\n"
         f"    n = len(os.listdir({str(site)!r})) - 1\n"
         f"    if n < {times}:\n"
         f"        open(os.path.join({str(site)!r}, f'failed{{n}}'), 'w').close()\n"
         "        os._exit(5)\n")
-    return Launcher(tmp_path / "launches", "torch", "cpu", rank_start="fresh",
-                    env={"PYTHONPATH": str(site)})
-
-
-def _two_cases(tmp_path):
-    (tmp_path / "late_rank.yaml").write_text(SCENARIO.replace("  reshard: [none]\n",
-                                                              "  reshard: [none]\n  fault: [none, raise]\n"))
-    return expand(load_scenario(tmp_path / "late_rank.yaml"), "torch")
+    (tmp_path / "late_rank.yaml").write_text(SCENARIO.replace(
+        "  reshard: [none]\n", "  reshard: [none]\n  fault: [none, raise]\n"))
+    cases = expand(load_scenario(tmp_path / "late_rank.yaml"), "torch")
+    tasks = [Task(f"{c.key}.train", c, "train", tmp_path / f"ckpt{i}") for i, c in enumerate(cases)]
+    return launcher, launcher.run_batch(tasks, 2)
 
 
 @pytest.mark.integration
 def test_a_launch_that_fails_before_its_first_task_runs_again_once(tmp_path):
-    cases = _two_cases(tmp_path)
-    launcher = _failing_start(tmp_path, times=1)
-    tasks = [Task(f"{c.key}.train", c, "train", tmp_path / f"ckpt{i}") for i, c in enumerate(cases)]
-    results = launcher.run_batch(tasks, 2)
+    launcher, results = _run_with_failing_starts(tmp_path, times=1)
     assert [r.start_failed for r in launcher.records] == ["retried", ""]
     assert all(r.status == "ok" for r in results.values()), {n: r.errors for n, r in results.items()}
     assert len(results) == 2
@@ -93,11 +95,9 @@ def test_a_launch_that_fails_before_its_first_task_runs_again_once(tmp_path):
 
 @pytest.mark.integration
 def test_a_launch_that_never_starts_crashes_its_cases_after_one_retry(tmp_path):
-    cases = _two_cases(tmp_path)
-    launcher = _failing_start(tmp_path, times=99)
-    tasks = [Task(f"{c.key}.train", c, "train", tmp_path / f"ckpt{i}") for i, c in enumerate(cases)]
-    results = launcher.run_batch(tasks, 2)
+    launcher, results = _run_with_failing_starts(tmp_path, times=99)
     assert [r.start_failed for r in launcher.records] == ["retried", "reported"]
+    assert len(results) == 2
     for r in results.values():
         assert r.status == "crash" and "before any task started (twice in a row" in r.errors[-1]
 

@@ -125,7 +125,7 @@ def _init(plan: dict, timeline: dict):
     timeout = timedelta(seconds=plan["collective_timeout_s"])
     # the groups form under the launch's set-up timeout (connections, not a case's collective),
     # then take the timeouts their collectives run under
-    setup = timedelta(seconds=plan.get("setup_timeout_s", plan["collective_timeout_s"]))
+    setup = timedelta(seconds=plan["setup_timeout_s"])
     if plan["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -234,7 +234,7 @@ def main(argv=None, *, hard_exit: bool = True) -> int:
     timeline = {"main": _T_MAIN, "torch_imported_at_start": "torch" in sys.modules}
     # a rank stuck before its process group exists is ended by torchrun (its peers' store wait
     # times out), not by the launcher's watchdog: its stacks are written before that happens
-    faulthandler.dump_traceback_later(0.8 * plan.get("setup_timeout_s", 60.0), file=stacks)
+    faulthandler.dump_traceback_later(0.8 * plan["setup_timeout_s"], file=stacks)
     ctx = _init(plan, timeline)
     faulthandler.cancel_dump_traceback_later()
     from . import gather
