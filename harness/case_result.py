@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import catalog
-from .checks.record import COVERAGE, FAILED
+from .checks.outcomes import COVERAGE, FAILED
 from .matrix import Case
 from .tasks import Task, TaskResult
 

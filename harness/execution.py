@@ -13,7 +13,9 @@ from typing import Callable
 from . import interrupt, options
 from .launcher import Launcher
 from .matrix import Case
+from .early_launches import wanted
 from .scheduler import Scheduler
+from .task_graph import TaskGraph
 
 
 def scope_of(case: Case) -> str:
@@ -40,33 +42,53 @@ class Execution:
         self.scheduler: Scheduler | None = None
         self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
 
-    def start(self, cases: list[Case], *, launches_dir: Path, backend: str, device: str,
-              gpus: list[str], nnodes: int, rdzv_endpoint: str | None,
-              node_launcher: str | None, per_scope: bool, on_launch: Callable,
-              launches_per_gpu: int | None = None, rank_start: str = "auto") -> None:
-        """The launcher and scheduler; ``per_scope``: one scheduling scope per world size
-        (xdist workers), else one for all; ``on_launch`` gets each launch's record. On cuda
-        each GPU slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at
-        once; on a small CPU box one launch runs at a time (overlapping launches would only
-        fight over the cores). ``rank_start``: fork / fresh / auto (``Launcher``)."""
-        self.launcher = Launcher(launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
-                                 rdzv_endpoint=rdzv_endpoint,
-                                 node_launcher=shlex.split(node_launcher) if node_launcher
-                                 else None,
-                                 launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU,
-                                 rank_start=rank_start)
+    def make_launcher(self, *, launches_dir: Path, backend: str, device: str, gpus: list[str],
+                      nnodes: int, rdzv_endpoint: str | None, node_launcher: str | None,
+                      on_launch: Callable, launches_per_gpu: int | None = None,
+                      rank_start: str = "auto") -> Launcher:
+        """The launcher (once); ``on_launch`` gets each launch's record. On cuda each GPU
+        slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at once.
+        ``rank_start``: fork / fresh / auto (``Launcher``)."""
+        if self.launcher is None:
+            self.launcher = Launcher(
+                launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
+                rdzv_endpoint=rdzv_endpoint,
+                node_launcher=shlex.split(node_launcher) if node_launcher else None,
+                launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU, rank_start=rank_start)
+            self.launcher.on_record.append(on_launch)
+            self.stacks = interrupt.stacks_on_sigusr1(Path(launches_dir) / "pytest-stacks.txt")
+        return self.launcher
+
+    def start_early(self, cases: list[Case]) -> None:
+        """Start the launches the lanes of ``cases`` will begin with, before collection ends
+        (harness/early_launches.py); one scheduling scope."""
+        graph = TaskGraph(cases, self.work / "ckpt", lambda c: "all")
+        for world_size, env, timeout_s in wanted(graph, self.launcher.slots):
+            self.launcher.early.start(world_size, env, timeout_s)
+
+    def keep_early(self, cases: list[Case]) -> None:
+        """End the early launches that the lanes of ``cases`` would not take."""
+        graph = TaskGraph(cases, self.work / "ckpt", lambda c: "all")
+        self.launcher.early.keep_only(wanted(graph, self.launcher.slots))
+
+    def start(self, cases: list[Case], *, per_scope: bool, device: str) -> None:
+        """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope
+        per world size (xdist workers), else one for all. On a small CPU box one launch runs at
+        a time (overlapping launches would only fight over the cores). Early launches the
+        lanes will not take are ended."""
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if device == "cuda"
                                    else max(1, (os.cpu_count() or 1) // 4))
-        self.scheduler.on_launch.append(on_launch)
-        self.stacks = interrupt.stacks_on_sigusr1(Path(launches_dir) / "pytest-stacks.txt")
+        self.launcher.early.keep_only(wanted(self.scheduler.graph, self.launcher.slots))
 
     def shutdown(self) -> None:
         """The lanes end: at once if every case has its result, else they are stopped (a run
         cut short by -x, --maxfail or Ctrl-C). Bounded."""
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        if self.launcher is not None:  # early launches no lane took
+            self.launcher.early.discard()
 
     def cleanup(self, keep_work: bool) -> None:
         interrupt.no_stacks_on_sigusr1(self.stacks)

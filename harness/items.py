@@ -15,7 +15,7 @@ import pytest
 
 from . import registry
 from . import verdict as verdict_mod
-from .checks.record import COVERAGE
+from .checks.outcomes import COVERAGE
 from .mutation_score import NEW_VS_CLEAN, NO_NEW_FAILURE
 from .failure_text import one_line
 from .matrix import Case

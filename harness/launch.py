@@ -5,7 +5,9 @@ A launch starts with the tasks of its plan and, when it has a *source* (the sche
 one lane: a world size and GPU slot), asks it for more on every poll and writes them to the
 launch's queue (``worker.task_feed``); when the source says no more will come, the queue is
 closed and the ranks exit once they ran everything. Without a source the queue is closed at
-once (the plan's tasks only).
+once (the plan's tasks only). An *early* launch (harness/early_launches.py) starts with no task
+and no source, its feed open, before a lane has tasks for it; the lane that takes it over
+(``adopt``) feeds it its first tasks.
 
 Every wait is bounded:
 
@@ -14,8 +16,8 @@ Every wait is bounded:
   ``timeout``; the lane re-launches the launch's unfinished tasks;
 * a launch that dies (a rank crashed or exited) blames the task that was running, with each
   rank's log of that task, the unit each rank was in and the exit status;
-* a launch that never starts a task within ``startup_timeout_s`` fails its tasks with the
-  torchrun log, rather than looping;
+* a launch that never starts a task within ``startup_timeout_s`` (of its start or, for an early
+  launch, of its first tasks) fails its tasks with the torchrun log, rather than looping;
 * a launch whose agents fail before any task started (a rank that could not join its process
   group) hands its tasks to a new launch, once: a transient start failure costs a start, not a
   batch of crashed cases; a second one in a row crashes them, each naming both.
@@ -81,21 +83,28 @@ class Launch:
     launch lives); see the module docstring."""
 
     def __init__(self, launcher, tasks: list[Task], world_size: int, env: dict,
-                 source: TaskSource | None = None, retry_start: bool = False):
+                 source: TaskSource | None = None, retry_start: bool = False, *,
+                 timeout_s: float | None = None, early: bool = False):
         self.l, self.world_size, self.env, self.source = launcher, world_size, env, source
         # a launch whose agents fail before any task started hands its tasks back (once per
         # lane: a transient start failure must not crash a whole batch of cases)
         self.retry_start, self.start_failed = retry_start, False
         self.name, self.d = launcher.new_dir()
-        timeout = max([t.case.timeout_s for t in tasks] + [getattr(source, "timeout_s", 0.0)])
+        # the largest case timeout it may see; an early launch (started before its lane had
+        # tasks: harness/early_launches.py) is told it, its tasks come through the feed
+        self.timeout_s = timeout_s or max([t.case.timeout_s for t in tasks]
+                                          + [getattr(source, "timeout_s", 0.0)])
         self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
-                                               launcher.collective_timeout_s, timeout_s=timeout,
+                                               launcher.collective_timeout_s,
+                                               timeout_s=self.timeout_s,
                                                setup_timeout_s=launcher.startup_timeout_s / 3)
         self.tag = procs.new_tag(self.name)
         self.by_name = {t.name: t for t in tasks}
         self.agents: list[subprocess.Popen] = []
         self.delivered: dict[str, TaskResult] = {}  # results handed to the source
-        self.fed, self.closed = 0, source is None
+        self.fed, self.closed = 0, source is None and not early
+        self.early = "unused" if early else ""  # "" | "unused" | "used" (LaunchRecord.early)
+        self.t_start = self.t_tasks = None  # agents started; first tasks given (start-up bound)
         self.t_watched = None  # when the agents exited (or the watch ended)
         self.tmp: str | None = None  # the launch's TMPDIR, removed with its processes
         if self.closed:
@@ -127,42 +136,64 @@ class Launch:
             self.by_name.update((t.name, t) for t in more)
             launch_dir.feed(self.d, self.fed, more)
 
+    def start(self) -> None:
+        """Start the agents (``run`` does, if this was not called before)."""
+        self.t_start = time.time()
+        self.tmp = tempfile.mkdtemp(prefix=f"harness-{self.name}-", dir=scratch_parent())
+        env = _env(self)
+        with open(self.d / "torchrun.log", "w") as out:
+            for argv in self.l.commands(self.plan_path, self.world_size, self.name):
+                self.agents.append(subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, cwd=str(self.d)))
+
+    def adopt(self, source: TaskSource, tasks: list[Task], retry_start: bool) -> None:
+        """An early launch becomes a lane's launch: ``tasks`` go through its feed."""
+        self.source, self.retry_start, self.early = source, retry_start, "used"
+        self.by_name.update((t.name, t) for t in tasks)
+        self.fed += 1
+        launch_dir.feed(self.d, self.fed, tasks)
+        self.t_tasks = time.time()
+
+    def discard(self) -> None:
+        """End an early launch no lane took (every process killed, bounded), recorded."""
+        self.closed = True
+        with deferred():
+            cleanup = end_processes(self)
+        _record(self, self.t_start or time.time(), time.time(), False, cleanup, {})
+
     def run(self) -> dict[str, TaskResult]:
-        start = time.time()
         hung, timed_out, stopped = None, False, False
         try:
-            self.tmp = tempfile.mkdtemp(prefix=f"harness-{self.name}-", dir=scratch_parent())
-            env = _env(self)
-            with open(self.d / "torchrun.log", "w") as out:
-                for argv in self.l.commands(self.plan_path, self.world_size, self.name):
-                    self.agents.append(subprocess.Popen(
-                        argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                        start_new_session=True, cwd=str(self.d)))
-            hung, timed_out = self._watch(start)
+            if self.t_start is None:
+                self.start()
+            self.t_tasks = self.t_tasks or self.t_start
+            hung, timed_out = self._watch()
             self.t_watched = time.time()
         except BaseException:  # Ctrl-C / SIGTERM / stop(): record the launch, then re-raise
             stopped = True
             raise
         finally:
+            start = self.t_start or time.time()
             with deferred():  # a second Ctrl-C must not cut the clean-up short
-                cleanup = self._end_processes()
+                cleanup = end_processes(self)
                 if stopped:  # keep the tasks that finished before the stop
                     done = launch_dir.collect(self.d, self.name, self.by_name)
                     with self.l._lock:
                         self.l.salvaged.update(done)
                     self._deliver(done)
-                    self._record(start, time.time(), False, cleanup, done, interrupted=True)
+                    _record(self, start, time.time(), False, cleanup, done, interrupted=True)
         end = time.time()
         results = _results(self, start, end, hung, timed_out)
         if self.start_failed and self.retry_start:  # nothing delivered: the lane runs them again
-            self._record(start, end, timed_out, cleanup, {}, start_failed="retried")
+            _record(self, start, end, timed_out, cleanup, {}, start_failed="retried")
             return {}
         self._deliver(results)
-        self._record(start, end, timed_out, cleanup, results,
-                     start_failed="reported" if self.start_failed else "")
+        _record(self, start, end, timed_out, cleanup, results,
+                start_failed="reported" if self.start_failed else "")
         return results
 
-    def _watch(self, start: float) -> tuple[str | None, bool]:
+    def _watch(self) -> tuple[str | None, bool]:
         """Poll until the agents exit, a task runs past its timeout (its stacks are dumped
         first), or nothing starts within ``startup_timeout_s``. Returns (hung task, timed out).
         Raises :class:`Interrupted` when the launcher was stopped."""
@@ -175,7 +206,8 @@ class Launch:
             self._pump()
             current = launch_dir.current(self.d)
             if current is None:
-                if not self.delivered and time.time() - start > self.l.startup_timeout_s:
+                if not self.delivered and \
+                        time.time() - self.t_tasks > self.l.startup_timeout_s:
                     return None, True
                 continue
             task_name, t0, pids = current
@@ -184,42 +216,6 @@ class Launch:
                 _dump_stacks(self.d, pids)
                 return task_name, True
         return None, False
-
-    def _end_processes(self) -> dict:
-        """Kill every process of the launch and wait until they are gone (bounded); on GPU,
-        wait until they released their GPU memory. Returns what the launch record keeps."""
-        for p in self.agents:  # srun first gets a SIGTERM to forward to the remote nodes
-            if self.l.node_launcher:
-                procs.terminate_gently(p)
-        # the ranks this launch's progress files name (pids checked against the plan: a stale
-        # pid may belong to someone else by now) and everything below the agents
-        ranks = [pid for pid in launch_dir.progress_pids(self.d)
-                 if str(self.plan_path) in procs.cmdline(pid)]
-        extra = set(ranks) | procs.descendants([p.pid for p in self.agents])
-        for p in self.agents:
-            procs.kill_group(p)
-        killed, leaked = procs.kill_tagged(self.tag, extra, timeout_s=KILL_WAIT_S)
-        for p in self.agents:
-            procs.reap(p)
-        held = []
-        if self.l.device == "cuda":
-            held = gpu.wait_released(set(killed) | extra | {p.pid for p in self.agents},
-                                     timeout_s=GPU_RELEASE_S)
-        if self.tmp is not None:  # torchrun's log dir, multiprocessing's pymp-*, stagers' files
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        return dict(killed=len(killed), leaked=leaked, gpu_held=held)
-
-    def _record(self, start, end, timed_out, cleanup, results, interrupted=False,
-                start_failed="") -> None:
-        starts = [r.started for r in results.values() if r.started]
-        ends = [r.ended for r in results.values() if r.ended]
-        overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
-        self.l.add_record(LaunchRecord(
-            self.name, self.world_size, len(results), end - start, overhead,
-            procs.returncode(self.agents), timed_out, self.env.get("CUDA_VISIBLE_DEVICES", ""),
-            interrupted=interrupted, start_failed=start_failed,
-            phases=launch_dir.phases(self.d, start, end, starts, ends, self.t_watched),
-            started=start, ended=end, **cleanup))
 
 
 # a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
@@ -249,6 +245,44 @@ def scratch_parent() -> str:
     if len(os.fsencode(parent)) + SCRATCH_DEPTH > SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
         return "/tmp"
     return parent
+
+
+def end_processes(launch: Launch) -> dict:
+    """Kill every process of the launch and wait until they are gone (bounded); on GPU,
+    wait until they released their GPU memory. Returns what the launch record keeps."""
+    for p in launch.agents:  # srun first gets a SIGTERM to forward to the remote nodes
+        if launch.l.node_launcher:
+            procs.terminate_gently(p)
+    # the ranks this launch's progress files name (pids checked against the plan: a stale
+    # pid may belong to someone else by now) and everything below the agents
+    ranks = [pid for pid in launch_dir.progress_pids(launch.d)
+             if str(launch.plan_path) in procs.cmdline(pid)]
+    extra = set(ranks) | procs.descendants([p.pid for p in launch.agents])
+    for p in launch.agents:
+        procs.kill_group(p)
+    killed, leaked = procs.kill_tagged(launch.tag, extra, timeout_s=KILL_WAIT_S)
+    for p in launch.agents:
+        procs.reap(p)
+    held = []
+    if launch.l.device == "cuda":
+        held = gpu.wait_released(set(killed) | extra | {p.pid for p in launch.agents},
+                                 timeout_s=GPU_RELEASE_S)
+    if launch.tmp is not None:  # torchrun's log dir, multiprocessing's pymp-*, stagers' files
+        shutil.rmtree(launch.tmp, ignore_errors=True)
+    return dict(killed=len(killed), leaked=leaked, gpu_held=held)
+
+
+def _record(launch: Launch, start, end, timed_out, cleanup, results, interrupted=False,
+            start_failed="") -> None:
+    starts = [r.started for r in results.values() if r.started]
+    ends = [r.ended for r in results.values() if r.ended]
+    overhead = ((min(starts) - start) + (end - max(ends))) if starts else end - start
+    launch.l.add_record(LaunchRecord(
+        launch.name, launch.world_size, len(results), end - start, overhead,
+        procs.returncode(launch.agents), timed_out, launch.env.get("CUDA_VISIBLE_DEVICES", ""),
+        interrupted=interrupted, start_failed=start_failed, early=launch.early,
+        phases=launch_dir.phases(launch.d, start, end, starts, ends, launch.t_watched),
+        started=start, ended=end, **cleanup))
 
 
 def _units(by_rank: dict) -> str:

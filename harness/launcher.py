@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import procs
+from .early_launches import EarlyLaunches
 from .interrupt import Interrupted
 from .launch import SAFE_ENV, Launch, TaskSource
 from .tasks import LaunchRecord, Task, TaskResult
@@ -102,11 +103,14 @@ class Launcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.salvaged: dict[str, TaskResult] = {}  # tasks finished by launches cut short
+        # launches started before a lane had tasks for them (harness/early_launches.py)
+        self.early = EarlyLaunches(self)
         self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""
         self._stop.set()
+        self.early.discard()
 
     # ------------------------------------------------------------------------------------
     def slots(self, world_size: int) -> list[dict]:
@@ -175,7 +179,11 @@ class Launcher:
             tasks = source.first()
             if not tasks:
                 return
-            launch = Launch(self, tasks, world_size, env, source, retry_start=retry_start)
+            launch = self.early.take(world_size, env, source.timeout_s)
+            if launch is not None:
+                launch.adopt(source, tasks, retry_start)
+            else:
+                launch = Launch(self, tasks, world_size, env, source, retry_start=retry_start)
             got = launch.run()
             retry_start = not launch.start_failed
             if not got and not launch.start_failed:  # never loop forever
@@ -194,28 +202,34 @@ class Launcher:
 
     def commands(self, plan_path: Path, world_size: int, launch: str) -> list[list[str]]:
         """The argv lists to start for one launch (no shell)."""
-        worker = ["--max-restarts=0", "--monitor-interval=0.1", "-m", "harness.worker",
-                  "--plan", str(plan_path)]
-        # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
-        # parent on the remote nodes: no --parent there)
-        parent = [] if self.node_launcher else ["--parent", str(os.getpid())]
-        agent = "harness.fork_agent" if self.fork_ranks else "torch.distributed.run"
-        torchrun = [self.python, "-m", "harness.tethered", *parent, agent]
-        if self.nnodes == 1:
-            return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
-        if world_size % self.nnodes:
-            raise ValueError(f"world size {world_size} does not split over {self.nnodes} nodes")
-        endpoint = self.rdzv_endpoint or f"127.0.0.1:{procs.free_port()}"
-        agent = torchrun + [f"--nnodes={self.nnodes}",
-                            f"--nproc-per-node={world_size // self.nnodes}",
-                            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                            f"--rdzv-id={launch}-{os.getpid()}"] + worker
-        if self.node_launcher:
-            return [self.node_launcher + agent]
-        return [agent for _ in range(self.nnodes)]
+        return torchrun_argvs(self, plan_path, world_size, launch)
 
     def add_record(self, rec: LaunchRecord) -> None:
         with self._lock:
             self.records.append(rec)
         for cb in self.on_record:
             cb(rec)
+
+
+def torchrun_argvs(launcher: Launcher, plan_path: Path, world_size: int,
+                   launch: str) -> list[list[str]]:
+    """The argv lists to start for one launch of ``launcher`` (no shell)."""
+    worker = ["--max-restarts=0", "--monitor-interval=0.1", "-m", "harness.worker",
+              "--plan", str(plan_path)]
+    # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
+    # parent on the remote nodes: no --parent there)
+    parent = [] if launcher.node_launcher else ["--parent", str(os.getpid())]
+    agent = "harness.fork_agent" if launcher.fork_ranks else "torch.distributed.run"
+    torchrun = [launcher.python, "-m", "harness.tethered", *parent, agent]
+    if launcher.nnodes == 1:
+        return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
+    if world_size % launcher.nnodes:
+        raise ValueError(f"world size {world_size} does not split over {launcher.nnodes} nodes")
+    endpoint = launcher.rdzv_endpoint or f"127.0.0.1:{procs.free_port()}"
+    agent = torchrun + [f"--nnodes={launcher.nnodes}",
+                        f"--nproc-per-node={world_size // launcher.nnodes}",
+                        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                        f"--rdzv-id={launch}-{os.getpid()}"] + worker
+    if launcher.node_launcher:
+        return [launcher.node_launcher + agent]
+    return [agent for _ in range(launcher.nnodes)]

@@ -25,12 +25,14 @@ from . import bytecode
 # write any, pytest would compile torch (and TE) on every run (harness/bytecode.py)
 bytecode.use_here()
 
+import contextlib
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from . import catalog, interrupt, options, registry, results
+from . import catalog, early_launches, interrupt, options, registry, results
 from .environment import RunEnvironment
 from .execution import Execution, scope_of
 from .failure_text import FailureFormatter, one_line
@@ -84,6 +86,9 @@ def pytest_addoption(parser):
                 help="how torchrun starts ranks: 'fork' from an agent that imported torch and "
                      "the harness once (harness/fork_agent.py), 'fresh' a new Python per rank; "
                      "auto (default): fork on CPU, fresh on cuda")
+    g.addoption("--no-early-launches", action="store_true",
+                help="start each launch when its lane has tasks, not while pytest collects "
+                     "(harness/early_launches.py; default: early, without xdist or --nnodes)")
     g.addoption("--nnodes", type=int, default=1, metavar="N",
                 help="split each launch over N torchrun agents (c10d rendezvous); without "
                      "--node-launcher they run on this host as simulated nodes")
@@ -104,9 +109,17 @@ def pytest_configure(config):
         hs = HarnessSession(config, names)
     except (ScenarioError, registry.RegistryError, ValueError) as e:
         raise pytest.UsageError(str(e)) from None
+    # from here pytest_unconfigure ends what the run started, however configure ends
     config.stash[STASH] = hs
-    config.pluginmanager.register(hs, "harness-session")
     hs.sigterm_handler = interrupt.install()  # SIGTERM stops the run like Ctrl-C
+    try:
+        _start_early(hs)  # their start overlaps pytest's imports and collection
+        _check_models(hs)
+        _keep_early(hs)
+    except (ScenarioError, registry.RegistryError, ValueError) as e:
+        _close(hs, discard_run=True)  # a usage error leaves no run behind
+        raise pytest.UsageError(str(e)) from None
+    config.pluginmanager.register(hs, "harness-session")
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(p) for p in hs.selection.paths.values()]
     elif not any(hs.selection.covered_by(a) for a in config.args):
@@ -123,6 +136,7 @@ def pytest_unconfigure(config):
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)
+        _close(hs)  # early launches of a run that ended before its session did (bounded)
 
 
 def pytest_collect_file(file_path: Path, parent):
@@ -138,6 +152,63 @@ def pytest_runtest_makereport(item, call):
     if isinstance(item, CaseItem) and (call.when == "call" or (call.when == "setup" and report.skipped)):
         report.harness = item.info()  # plain data: survives xdist's report serialization
     return report
+
+
+def _start_early(hs: "HarnessSession") -> None:
+    """Start the launches the run's lanes will begin with (harness/early_launches.py), from
+    the scenarios' cases that fit by world size (``-k`` / ``-m`` / skips are known only after
+    collection: a launch no selected case needs is ended then)."""
+    if early_launches.allowed(hs.config, hs.worker_id):
+        cases = early_launches.fitting(hs.selection.cases.values(),
+                                       hs.config.getoption("world_size"), hs.env.max_world())
+        if cases:
+            _execution(hs).start_early(cases)
+
+
+def _keep_early(hs: "HarnessSession") -> None:
+    """With the backend imported: end the early launches that only skipped cases would use."""
+    if hs.execution is not None:
+        max_world = hs.env.max_world()
+        hs.execution.keep_early([c for c in early_launches.fitting(
+            hs.selection.cases.values(), hs.config.getoption("world_size"), max_world)
+            if hs.env.skip_reason(c, max_world) is None])
+
+
+def _check_models(hs: "HarnessSession") -> None:
+    """The scenarios' own model factories (imports the backend)."""
+    from . import models
+    for n, cases in hs.selection.cases.items():
+        models.check_scenario(hs.selection.specs[n], cases, hs.env.backend_obj, hs.backend,
+                              hs.device)
+
+
+def _close(hs: "HarnessSession", discard_run: bool = False) -> None:
+    """End the early launches of a run whose cases never got a scheduler (none selected,
+    --collect-only, an error before collection ended); bounded, recorded, idempotent.
+    ``discard_run``: the run never started (a usage error): its launch dirs go too."""
+    if hs.execution is not None and hs.execution.scheduler is None:
+        hs.execution.shutdown()
+        hs.execution.cleanup(keep_work=False)
+        hs.execution = None
+        if discard_run:
+            runs = hs.record.report_dir / "runs"
+            shutil.rmtree(runs / hs.run_id, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                runs.rmdir()  # only if no other run is there
+
+
+def _execution(hs: "HarnessSession") -> Execution:
+    """The run's Execution with its launcher (made once: early launches or collection's end)."""
+    if hs.execution is None:
+        hs.execution = Execution(hs.run_id, hs.config.getoption("work_dir"))
+        launches = hs.record.report_dir / "runs" / hs.run_id / "launches"
+        hs.execution.make_launcher(
+            launches_dir=launches / hs.worker_id if hs.worker_id else launches,
+            backend=hs.backend, device=hs.device, gpus=hs.env.visible_gpus(),
+            on_launch=hs.record.on_launch,
+            **{k: hs.config.getoption(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
+                                                   "launches_per_gpu", "rank_start")})
+    return hs.execution
 
 
 class _XdistHooks:
@@ -182,10 +253,6 @@ class HarnessSession:
         self.env = RunEnvironment(sel.backend, config.getoption("device"),
                                   config.getoption("max_world_size"))
         self.backend, self.device = sel.backend, self.env.device
-        from . import models
-        for n, cases in sel.cases.items():  # factories of the scenario's own models
-            models.check_scenario(sel.specs[n], cases, self.env.backend_obj, self.backend,
-                                  self.device)
         reg_path = Path(config.getoption("xfail_registry") or sel.scenario_dir / "xfails.yaml")
         self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"}))
         winput = getattr(config, "workerinput", None)
@@ -261,16 +328,10 @@ class HarnessSession:
                         f"checked", returncode=pytest.ExitCode.USAGE_ERROR)
         runnable = [i.case for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
+            _close(self)  # early launches no case needs
             return
-        launches = self.record.report_dir / "runs" / self.run_id / "launches"
-        opt = self.config.getoption
-        self.execution = Execution(self.run_id, opt("work_dir"))
-        self.execution.start(
-            runnable, launches_dir=launches / self.worker_id if self.worker_id else launches,
-            backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
-            per_scope=self.worker_id is not None, on_launch=self.record.on_launch,
-            **{k: opt(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
-                                   "launches_per_gpu", "rank_start")})
+        _execution(self).start(runnable, per_scope=self.worker_id is not None,
+                               device=self.device)
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:

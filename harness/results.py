@@ -23,12 +23,12 @@ import socket
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from . import catalog
+
+if TYPE_CHECKING:  # pandas / pyarrow load when a run's rows are written (not at plugin import:
+    import pandas as pd  # early launches start before them, harness/early_launches.py)
 
 SCHEMA_VERSION = 2  # 2: coverage rows (metric 'coverage', one per case and unit)
 META_KEY = b"harness"
@@ -111,6 +111,7 @@ def case_rows(info: dict, outcome: str) -> list[dict]:
 
 
 def frame(rows: list[dict], meta: dict) -> pd.DataFrame:
+    import pandas as pd
     df = pd.DataFrame(rows, columns=ROW_COLUMNS)
     for c in META_COLUMNS:
         df[c] = meta.get(c, "")
@@ -122,6 +123,8 @@ def frame(rows: list[dict], meta: dict) -> pd.DataFrame:
 
 def write_run(report_dir: Path, run_id: str, df: pd.DataFrame, meta: dict) -> dict[str, Path]:
     """history/<run>.parquet (rows + meta) and runs/<run>/{summary.csv, meta.json}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     hist = Path(report_dir) / "history"
     run_dir = Path(report_dir) / "runs" / run_id
     hist.mkdir(parents=True, exist_ok=True)
@@ -142,6 +145,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """One line per case: outcome, duration, the checks that failed, and one column per check
     and producer with its coverage status (passed / failed / xfailed / not_run) plus a
     ``not_run`` column with the reasons."""
+    import pandas as pd
     cases = df[df["check"] == "case"][["case_id", "backend", "case_outcome", "case_status",
                                        "duration_s", "xfail_entry", "skip_reason"]]
     bad = df[(df["check"] != "case") & df["row_outcome"].isin(["fail", "error"])]
@@ -167,5 +171,6 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_meta(path: Path) -> dict:
+    import pyarrow.parquet as pq
     md = pq.read_schema(path).metadata or {}
     return json.loads(md.get(META_KEY, b"{}"))

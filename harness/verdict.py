@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checks.record import COVERAGE, FAILED
+from .checks.outcomes import COVERAGE, FAILED
 
 PASSED, FAILED_, XFAILED, XPASSED = "passed", "failed", "xfailed", "xpassed"
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from harness import gpu, procs
+from harness.launch import end_processes
 from harness.launcher import Launch, Launcher
 
 # the format nvidia-smi prints (seen on 2x H200: "680, 1030" for a process holding 1 GiB)
@@ -45,10 +46,10 @@ def test_launcher_on_cuda_waits_for_the_launch_pids_and_records_held_memory(tmp_
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                              env={procs.TAG_VAR: tag}, start_new_session=True)
     def ended(launcher, agents, tag, d, plan):
-        launch = Launch.__new__(Launch)  # only what _end_processes reads
+        launch = Launch.__new__(Launch)  # only what end_processes reads
         launch.l, launch.agents, launch.tag, launch.d, launch.plan_path, launch.tmp = \
             launcher, agents, tag, d, plan, None
-        return launch._end_processes()
+        return end_processes(launch)
 
     launcher = Launcher(tmp_path, "te", "cuda")
     (tmp_path / "progress").mkdir()
