@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import interrupt, options
+from .early_launches import wanted
 from .launcher import Launcher
 from .matrix import Case
-from .early_launches import wanted
 from .scheduler import Scheduler
 from .task_graph import TaskGraph
 
