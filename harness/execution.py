@@ -62,14 +62,16 @@ class Execution:
     def start_early(self, cases: list[Case]) -> None:
         """Start the launches the lanes of ``cases`` will begin with, before collection ends
         (harness/early_launches.py); one scheduling scope."""
-        graph = TaskGraph(cases, self.work / "ckpt", lambda c: "all")
-        for world_size, env, timeout_s in wanted(graph, self.launcher.slots):
+        for world_size, env, timeout_s in self._first_launches(cases):
             self.launcher.early.start(world_size, env, timeout_s)
 
     def keep_early(self, cases: list[Case]) -> None:
         """End the early launches that the lanes of ``cases`` would not take."""
-        graph = TaskGraph(cases, self.work / "ckpt", lambda c: "all")
-        self.launcher.early.keep_only(wanted(graph, self.launcher.slots))
+        self.launcher.early.keep_only(self._first_launches(cases))
+
+    def _first_launches(self, cases: list[Case]) -> list[tuple[int, dict, float]]:
+        """What the lanes of ``cases`` (one scheduling scope) start with (``wanted``)."""
+        return wanted(TaskGraph(cases, self.work / "ckpt", lambda c: "all"), self.launcher.slots)
 
     def start(self, cases: list[Case], *, per_scope: bool, device: str) -> None:
         """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope

@@ -157,7 +157,6 @@ class Launch:
 
     def discard(self) -> None:
         """End an early launch no lane took (every process killed, bounded), recorded."""
-        self.closed = True
         with deferred():
             cleanup = end_processes(self)
         _record(self, self.t_start or time.time(), time.time(), False, cleanup, {})

@@ -1,7 +1,30 @@
-"""A test helper: run several processes at once, each wait bounded, none left behind
-(tests/test_gather.py, tests/test_concurrent_runs.py)."""
+"""Test helpers: a pytest run with the harness plugin in a subprocess (a fresh interpreter,
+real launches), and several processes at once, each wait bounded, none left behind."""
 
+import os
 import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_argv(*args: str) -> list[str]:
+    """``python -m pytest`` with the harness plugin (and no cache) and ``args``."""
+    return [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+            *args]
+
+
+def harness_env() -> dict:
+    """This environment with the harness importable."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run_pytest(cwd, *args: str, timeout: float = 600) -> tuple[int, str]:
+    """(return code, stdout + stderr) of :func:`pytest_argv` run in ``cwd``."""
+    p = subprocess.run(pytest_argv(*args), cwd=cwd, env=harness_env(), capture_output=True,
+                       text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
 
 
 def run_all(argvs: list[list[str]], timeout: float, **popen) -> list[tuple[int, str]]:

@@ -1,16 +1,10 @@
 """Two ``pytest --scenario`` runs at once in one project directory: distinct run ids, no port
 or path collision, both histories complete."""
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
-from subprocs import run_all
+from subprocs import harness_env, pytest_argv, run_all
 
 from harness.report import history
-
-ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIO = """\
 name: duo
@@ -29,10 +23,8 @@ timeout_s: 120
 def test_two_runs_at_once_in_one_project(tmp_path):
     (tmp_path / "scenarios").mkdir()
     (tmp_path / "scenarios" / "duo.yaml").write_text(SCENARIO)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
-            "--scenario", "duo"]
-    for rc, out in run_all([argv, argv], timeout=300, cwd=tmp_path, env=env):
+    argv = pytest_argv("--scenario", "duo")
+    for rc, out in run_all([argv, argv], timeout=300, cwd=tmp_path, env=harness_env()):
         assert rc == 0, out
     files = sorted((tmp_path / "reports" / "history").iterdir())
     assert len(files) == 2, files  # two runs, two complete histories, no temporaries

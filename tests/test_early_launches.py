@@ -4,7 +4,6 @@ when none takes them; end to end, pytest starts them while it collects and ends 
 selection (-k) does not need."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,8 +16,7 @@ from harness import procs
 from harness.launcher import Launcher, Task
 from harness.matrix import expand
 from harness.spec import load_scenario
-
-ROOT = Path(__file__).resolve().parent.parent
+from subprocs import ROOT, harness_env, pytest_argv, run_pytest
 
 SCENARIO = """\
 name: early
@@ -86,11 +84,9 @@ def test_pytest_starts_launches_early_and_ends_those_its_selection_does_not_need
     d = tmp_path / "scen"
     d.mkdir()
     (d / "early.yaml").write_text(SCENARIO)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p",
-                          "no:cacheprovider", "--scenario", "early", "--scenario-dir", str(d),
-                          "-k", "not to_dp4", "--report-dir", str(tmp_path / "reports")],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen(pytest_argv("--scenario", "early", "--scenario-dir", str(d),
+                                     "-k", "not to_dp4", "--report-dir", str(tmp_path / "reports")),
+                         cwd=tmp_path, env=harness_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0 and "1 passed" in out, out
@@ -108,12 +104,10 @@ def test_pytest_starts_launches_early_and_ends_those_its_selection_does_not_need
         assert not any(v.startswith(procs.TAG_VAR.encode()) and mine in v
                        for v in environ.split(b"\0")), (pid, procs.cmdline(pid))
     # --no-early-launches: one launch, started when its lane had tasks
-    p2 = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p",
-                         "no:cacheprovider", "--scenario", "early", "--scenario-dir", str(d),
-                         "-k", "not to_dp4", "--no-report", "--no-early-launches"],
-                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert p2.returncode == 0 and "torchrun launches: 1 (1 x world 2)" in p2.stdout, p2.stdout
-    assert "started early" not in p2.stdout
+    rc, out = run_pytest(tmp_path, "--scenario", "early", "--scenario-dir", str(d), "-k",
+                         "not to_dp4", "--no-report", "--no-early-launches", timeout=300)
+    assert rc == 0 and "torchrun launches: 1 (1 x world 2)" in out, out
+    assert "started early" not in out
 
 
 def test_the_plugin_imports_neither_torch_nor_pandas():
@@ -122,5 +116,5 @@ def test_the_plugin_imports_neither_torch_nor_pandas():
     code = ("import sys, harness.plugin; "
             "print(sorted(m for m in ('torch', 'pandas', 'pyarrow') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       timeout=60, env=harness_env())
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr

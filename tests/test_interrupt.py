@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import pytest
 
 from harness.report import history
 from proc_sampler import Sampler
+from subprocs import harness_env, pytest_argv
 
-ROOT = Path(__file__).resolve().parent.parent
 STOP_BOUND_S = 20.0
 
 # fault "hang" keeps the second case running (rank 1 sleeps) until the signal comes
@@ -66,10 +65,9 @@ def _start(tmp_path):
     (scen / "stopme.yaml").write_text(SCENARIO)
     reports, work = tmp_path / "reports", tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
-            "--scenario", "stopme", "--scenario-dir", str(scen), "--report-dir", str(reports),
-            "--work-dir", str(work)]
+    env = harness_env()
+    argv = pytest_argv("--scenario", "stopme", "--scenario-dir", str(scen), "--report-dir",
+                       str(reports), "--work-dir", str(work))
     # as a terminal's pytest: a shell's background job (how this suite may itself be run)
     # ignores SIGINT, a child inherits that and Python then never raises KeyboardInterrupt --
     # the SIGINT case timed out twice that way; a handler here is reset to the default on exec

@@ -2,9 +2,6 @@
 agrees with where the reference codecs really raise QuantizedLayoutError, and a scenario whose
 dims cut blocks is skipped before any launch with weight, mesh, rows and block size named."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from harness.mesh import parse_mesh
 from harness.reference.codecs import QuantizedLayoutError
 from harness.reference.quantizers import WeightQuantizer
 from harness.spec import load_scenario
+from subprocs import run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,13 +89,9 @@ def test_skip_happens_at_collection_without_a_launch(tmp_path):
     d = tmp_path / "scen"
     d.mkdir()
     (d / "mx96.yaml").write_text(MXFP8_96)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p",
-                        "no:cacheprovider", "--scenario", "mx96", "--scenario-dir", str(d),
-                        "-k", "mxfp8", "-rs", "--report-dir", str(tmp_path / "reports")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out
+    rc, out = run_pytest(tmp_path, "--scenario", "mx96", "--scenario-dir", str(d), "-k", "mxfp8",
+                         "-rs", "--report-dir", str(tmp_path / "reports"), timeout=300)
+    assert rc == 0, out
     assert "1 skipped" in out and "48 rows per FSDP2 shard cut its 32-row blocks" in out
     assert "the axes name only backend 'reference'" in out  # no --backend needed
     # no case ran in a launch: the launches started early (while pytest collected) for its

@@ -3,9 +3,6 @@ check: a tie lost on load fails the check naming the tied parameters; a factory 
 cannot be imported is a one-line usage error at load time naming the scenario file and the
 factory (no launch)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +11,8 @@ from harness.launcher import Launcher
 from harness.matrix import expand
 from harness.scheduler import Scheduler
 from harness.spec import load_scenario
+from subprocs import run_pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 pytestmark = pytest.mark.integration
@@ -91,13 +88,9 @@ def test_a_bad_factory_is_a_one_line_usage_error_at_load_time(tmp_path, factory,
     (tmp_path / "byo_bad.py").write_text(BAD_FACTORIES)
     path = tmp_path / "byo.yaml"
     path.write_text(SCENARIO.format(factory=factory))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p",
-                        "no:cacheprovider", "--scenario", str(path), "--report-dir",
-                        str(tmp_path / "reports")], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
-    out = p.stdout + p.stderr
-    assert p.returncode == 4, out  # pytest's usage error: nothing was collected or launched
+    rc, out = run_pytest(tmp_path, "--scenario", str(path), "--report-dir",
+                         str(tmp_path / "reports"), timeout=300)
+    assert rc == 4, out  # pytest's usage error: nothing was collected or launched
     [line] = [ln for ln in out.splitlines() if ln.startswith("ERROR:")]
     assert line == f"ERROR: {path}: models.mine: {what}", out
     assert not (tmp_path / "reports" / "runs").exists()

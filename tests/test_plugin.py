@@ -1,22 +1,9 @@
 """The pytest plugin end to end, in pytest subprocesses (fresh interpreter, real launches)."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_pytest(cwd, *args, timeout=600):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
-                        *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
-
+from subprocs import run_pytest
 
 SCENARIO = """\
 name: tiny

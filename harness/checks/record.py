@@ -17,7 +17,7 @@ import traceback
 from ..tolerances import Tolerance
 from .compare import Comparison, compare
 
-from .outcomes import COVERAGE, COVERAGE_STATUSES, FAILED  # noqa: F401  (importable here too)
+from .outcomes import COVERAGE, FAILED
 
 
 class Recorder:
