@@ -13,6 +13,12 @@ logic under ``harness/`` and append a :class:`harness.report.cli.Command` to ``C
 
 from __future__ import annotations
 
+from . import bytecode
+
+# before pandas / matplotlib / torch are imported: the harness's bytecode cache where none can be
+# written beside the sources (harness/bytecode.py)
+bytecode.use_here()
+
 import argparse
 import sys
 
