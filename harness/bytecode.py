@@ -20,8 +20,17 @@ from pathlib import Path
 
 def _torch_has_bytecode() -> bool:
     spec = importlib.util.find_spec("torch")  # finds the package without importing it
-    return bool(spec and spec.origin
-                and os.path.exists(importlib.util.cache_from_source(spec.origin)))
+    return bool(spec and spec.origin and has_bytecode_beside(spec.origin))
+
+
+def has_bytecode_beside(source: str) -> bool:
+    """Whether the module at ``source`` has its bytecode in the ``__pycache__`` beside it (an
+    install that compiled it) -- not in this process's own cache: once ``use_here`` set
+    ``sys.pycache_prefix``, ``importlib.util.cache_from_source`` would name the cache's copy."""
+    head, tail = os.path.split(source)
+    opt = f".opt-{sys.flags.optimize}" if sys.flags.optimize else ""
+    name = f"{tail.rpartition('.')[0]}.{sys.implementation.cache_tag}{opt}.pyc"
+    return os.path.exists(os.path.join(head, "__pycache__", name))
 
 
 def _needed(prefix, dont_write) -> bool:
