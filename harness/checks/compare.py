@@ -108,6 +108,10 @@ def _stats(k: str, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     max-abs and sum of squared finite differences. On a GPU the last two are NaN (filled in
     by :func:`_diff_stats` for the keys that differ: asking whether any differ would be a
     host sync per key); on the CPU they are measured here, once."""
+    if _where(a, e).type == "cpu" and a.dtype == e.dtype:
+        same = _equal_stats(a, e)
+        if same is not None:
+            return same
     a, e, a64, e64 = _on_device(a, e)
     differs = _differs(a, e, a64, e64)
     fin_e = torch.isfinite(e).reshape(-1)  # on the narrow dtype: converting keeps finiteness
@@ -122,6 +126,28 @@ def _stats(k: str, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.stack([differs.sum().to(torch.float64),
                                    torch.where(fin_e, e64, torch.zeros_like(e64)).square().sum(),
                                    nonfin.to(torch.float64)]), sizes])
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _equal_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
+    """:func:`_stats` of two CPU tensors of one dtype that hold the same bits and only finite
+    values -- most keys of most checks -- from one comparison of their bits (as integers of the
+    same width) and one float64 dot product of ``e`` with itself, whose being finite also says
+    that every value is (~15x faster than the general path on 1M floats; numbers in
+    reports/bench/README.md); None for any other pair (it takes the general path)."""
+    a, e = a.detach(), e.detach()
+    ints = _SAME_SIZE_INT.get(e.element_size()) if e.dtype != torch.bool else None
+    if not (torch.equal(a.view(ints), e.view(ints)) if ints else torch.equal(_bits(a), _bits(e))):
+        return None
+    d = e.reshape(-1).to(torch.float64)
+    sq = torch.dot(d, d)
+    if not bool(torch.isfinite(sq)):  # a NaN / inf (or a float64 overflow): the general path
+        return None
+    out = torch.zeros(5, dtype=torch.float64)
+    out[1] = sq
+    return out
 
 
 def _diff_from(a64, e64, differs) -> torch.Tensor:
