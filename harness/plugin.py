@@ -159,8 +159,7 @@ def _start_early(hs: "HarnessSession") -> None:
     the scenarios' cases that fit by world size (``-k`` / ``-m`` / skips are known only after
     collection: a launch no selected case needs is ended then)."""
     if early_launches.allowed(hs.config, hs.worker_id):
-        cases = early_launches.fitting(hs.selection.cases.values(),
-                                       hs.config.getoption("world_size"), hs.env.max_world())
+        cases = _fitting(hs)
         if cases:
             _execution(hs).start_early(cases)
 
@@ -169,9 +168,14 @@ def _keep_early(hs: "HarnessSession") -> None:
     """With the backend imported: end the early launches that only skipped cases would use."""
     if hs.execution is not None:
         max_world = hs.env.max_world()
-        hs.execution.keep_early([c for c in early_launches.fitting(
-            hs.selection.cases.values(), hs.config.getoption("world_size"), max_world)
-            if hs.env.skip_reason(c, max_world) is None])
+        hs.execution.keep_early([c for c in _fitting(hs)
+                                 if hs.env.skip_reason(c, max_world) is None])
+
+
+def _fitting(hs: "HarnessSession") -> list:
+    """The scenarios' cases that fit here by world size (``early_launches.fitting``)."""
+    return early_launches.fitting(hs.selection.cases.values(), hs.config.getoption("world_size"),
+                                  hs.env.max_world())
 
 
 def _check_models(hs: "HarnessSession") -> None:

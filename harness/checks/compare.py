@@ -138,7 +138,7 @@ def _equal_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
     that every value is (~15x faster than the general path on 1M floats; numbers in
     reports/bench/README.md); None for any other pair (it takes the general path)."""
     a, e = a.detach(), e.detach()
-    ints = _SAME_SIZE_INT.get(e.element_size()) if e.dtype != torch.bool else None
+    ints = _SAME_SIZE_INT.get(e.element_size())
     if not (torch.equal(a.view(ints), e.view(ints)) if ints else torch.equal(_bits(a), _bits(e))):
         return None
     d = e.reshape(-1).to(torch.float64)
