@@ -89,8 +89,9 @@ class Execution:
         cut short by -x, --maxfail or Ctrl-C). Bounded."""
         if self.scheduler is not None:
             self.scheduler.shutdown()
-        if self.launcher is not None:  # early launches no lane took
+        if self.launcher is not None:  # early launches no lane took, the agent servers
             self.launcher.early.discard()
+            self.launcher.close()
 
     def cleanup(self, keep_work: bool) -> None:
         interrupt.no_stacks_on_sigusr1(self.stacks)

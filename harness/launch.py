@@ -143,7 +143,10 @@ class Launch:
         env = _env(self)
         with open(self.d / "torchrun.log", "w") as out:
             for argv in self.l.commands(self.plan_path, self.world_size, self.name):
-                self.agents.append(subprocess.Popen(
+                # forked by the launcher's agent server when it can (harness/agent_server.py)
+                agent = self.l.agent_servers.start_agent(argv, env, str(self.d), out) \
+                    if self.l.agent_servers else None
+                self.agents.append(agent or subprocess.Popen(
                     argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, cwd=str(self.d)))
 
@@ -255,7 +258,7 @@ def end_processes(launch: Launch) -> dict:
     # the ranks this launch's progress files name (pids checked against the plan: a stale
     # pid may belong to someone else by now) and everything below the agents
     ranks = [pid for pid in launch_dir.progress_pids(launch.d)
-             if str(launch.plan_path) in procs.cmdline(pid)]
+             if str(launch.plan_path) in procs.cmdline(pid) or _in_agent_group(launch, pid)]
     extra = set(ranks) | procs.descendants([p.pid for p in launch.agents])
     for p in launch.agents:
         procs.kill_group(p)
@@ -269,6 +272,14 @@ def end_processes(launch: Launch) -> dict:
     if launch.tmp is not None:  # torchrun's log dir, multiprocessing's pymp-*, stagers' files
         shutil.rmtree(launch.tmp, ignore_errors=True)
     return dict(killed=len(killed), leaked=leaked, gpu_held=held)
+
+
+def _in_agent_group(launch: Launch, pid: int) -> bool:
+    """A rank forked by an agent that the agent server forked has the server's command line;
+    it is known by its process group: its agent's (a group id is not reused while it has a
+    member)."""
+    p = procs.info(pid)
+    return p is not None and p.pgid in {a.pid for a in launch.agents}
 
 
 def _record(launch: Launch, start, end, timed_out, cleanup, results, interrupted=False,

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Protocol
 
 from . import procs
+from .agent_server import Servers
 from .early_launches import EarlyLaunches
 from .interrupt import Interrupted
-from .launch import SAFE_ENV, Launch, TaskSource
+from .launch import SAFE_ENV, Launch, TaskSource, scratch_parent
 from .tasks import LaunchRecord, Task, TaskResult
 
 __all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "TaskSource", "SAFE_ENV",
@@ -79,7 +80,7 @@ class Launcher:
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
                  node_launcher: list[str] | None = None, launches_per_gpu: int = 1,
-                 rank_start: str = "auto"):
+                 rank_start: str = "auto", agent_server: bool = True):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
@@ -105,12 +106,21 @@ class Launcher:
         self.salvaged: dict[str, TaskResult] = {}  # tasks finished by launches cut short
         # launches started before a lane had tasks for them (harness/early_launches.py)
         self.early = EarlyLaunches(self)
+        # forked ranks' agents forked from a process with their modules imported, not started
+        # as fresh Pythons (harness/agent_server.py); ended by close() or when idle
+        self.agent_servers = Servers(python, scratch_parent()) \
+            if self.fork_ranks and agent_server and not self.node_launcher else None
         self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""
         self._stop.set()
         self.early.discard()
+
+    def close(self) -> None:
+        """End the agent servers (a later launch starts one again)."""
+        if self.agent_servers:
+            self.agent_servers.close()
 
     # ------------------------------------------------------------------------------------
     def slots(self, world_size: int) -> list[dict]:

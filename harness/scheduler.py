@@ -132,17 +132,21 @@ class Scheduler:
 
     def shutdown(self) -> None:
         """End every lane (bounded): with every task done they close by themselves; otherwise
-        (the run was cut short) their launches are stopped."""
+        (the run was cut short) their launches are stopped. Then the launcher's agent servers
+        end: no process of the run outlives this."""
         with self._cond:
             pending = not self.graph.all_done()
-        if pending:
-            self._stop_all()
-            return
-        with self._cond:
-            self._cond.notify_all()
-            threads = [ln.thread for lanes in self._lanes.values() for ln in lanes]
-        for th in threads:
-            th.join(timeout=STOP_JOIN_S)
+        try:
+            if pending:
+                self._stop_all()
+                return
+            with self._cond:
+                self._cond.notify_all()
+                threads = [ln.thread for lanes in self._lanes.values() for ln in lanes]
+            for th in threads:
+                th.join(timeout=STOP_JOIN_S)
+        finally:
+            self.launcher.close()
 
     def _stop_all(self) -> None:
         self.launcher.stop()

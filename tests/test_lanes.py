@@ -33,6 +33,9 @@ class FakeLauncher:
     def stop(self):
         self._stop.set()
 
+    def close(self):  # the scheduler's shutdown ends the launcher's agent servers
+        self.closed = True
+
     def _result(self, t):
         rows = []
         if t.name in self.no_checkpoint:

@@ -49,11 +49,15 @@ timeout_s: 15
 
 def _kind(pid: int, cmdline: str, sampler: Sampler) -> str:
     """A rank forked by harness.fork_agent has its agent's command line and a name of its own;
-    one that ended between two samples is known from the pid it wrote."""
-    words = cmdline.split()
-    if pid in sampler.ranks or sampler.names.get(pid, "").startswith("harness-rank"):
+    one that ended between two samples is known from the pid it wrote. An agent forked by the
+    agent server has the server's command line and torchrun's name for its agent."""
+    words, name = cmdline.split(), sampler.names.get(pid, "")
+    if pid in sampler.ranks or name.startswith("harness-rank"):
         return "rank"
-    if "torch.distributed.run" in words or "harness.fork_agent" in words:
+    if name == "harness-agents":
+        return "agent server"
+    if "torch.distributed.run" in words or "harness.fork_agent" in words or \
+            name in ("harness-agent", "pt_elastic"):
         return "torchrun"
     if "harness.worker" in words:
         return "rank"
@@ -82,6 +86,8 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, ra
     kinds = Counter(_kind(p, c, sampler) for p, c in sampler.seen.items())
     kinds["rank"] += len(sampler.ranks - set(sampler.seen))
     assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
+    # forked ranks: their agents forked by one agent server (harness/agent_server.py)
+    assert kinds["agent server"] == (1 if rank_start == "fork" else 0), sampler.names
     assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
     survivors = sampler.survivors()
     for pid in survivors:  # never leave them running, even when the test fails
