@@ -26,9 +26,11 @@ However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, :meth:`Lau
 every process it started is killed before the next one starts: torchrun, its ranks (each in a
 session of its own), their async DCP stager processes and simulated nodes all carry the launch's
 tag in their environment and are found through ``/proc`` (harness/procs.py), wherever they were
-reparented; the record says how many were killed and lists any survivor. torchrun is tethered to
-the harness process and each rank to torchrun (``PR_SET_PDEATHSIG``), so a killed pytest takes
-its launches with it. On GPU the launch's processes must also release their GPU memory (bounded
+reparented; the record says how many were killed and lists any survivor (an agent forked by the
+agent server, harness/agent_server.py, and its forked ranks show the server's environment in
+``/proc``: they are found as the agent's process group and descendants). torchrun is tethered to
+the harness process (or to the agent server, tethered to it) and each rank to torchrun
+(``PR_SET_PDEATHSIG``), so a killed pytest takes its launches with it. On GPU the launch's processes must also release their GPU memory (bounded
 wait, ``nvidia-smi``; harness/gpu.py) before the next launch starts.
 
 No shell is involved: the command is an argv list.
