@@ -194,6 +194,7 @@ def serve(path: str, idle_s: float) -> None:
     listener.listen(64)
     os.rename(path + ".new", path)  # the path appears once it accepts
     children: dict[int, socket.socket] = {}
+    dropped: set[int] = set()
     idle_since = time.monotonic()
     while children or time.monotonic() - idle_since < idle_s:
         ready = select.select([listener, *children.values()], [], [], 0.05)[0]
@@ -203,9 +204,11 @@ def serve(path: str, idle_s: float) -> None:
                 pid = _fork(conn, listener, children)
                 if pid is not None:
                     children[pid] = conn
-            else:  # the launcher dropped an agent it started: it ends too
+            else:  # the launcher dropped an agent it started: it ends too (reaped below)
                 pid = next(p for p, c in children.items() if c is s)
-                _killpg(pid)
+                if pid not in dropped:
+                    dropped.add(pid)
+                    _killpg(pid)
         for pid, code in _reaped(list(children)):
             conn = children.pop(pid)
             try:

@@ -78,7 +78,7 @@ def test_exit_status_and_log_come_back_and_an_idle_server_is_replaced(tmp_path, 
 
 
 @pytest.mark.integration
-def test_a_forked_agent_is_a_tethered_session_and_close_ends_all_it_forked(tmp_path):
+def test_a_forked_agent_is_a_tethered_session_and_ends_when_dropped(tmp_path):
     fifo = tmp_path / "plan.json"
     os.mkfifo(fifo)  # the rank blocks opening its plan: a launch that never ends by itself
     servers = agent_server.Servers(sys.executable, str(tmp_path))
@@ -96,6 +96,28 @@ def test_a_forked_agent_is_a_tethered_session_and_close_ends_all_it_forked(tmp_p
         assert {agent.pid, rank} <= set(procs.tagged(server.tag))
         assert agent.poll() is None
         assert procs.cmdline(agent.pid) == " ".join(server.argv)
+        # a launcher that drops the agent's connection ends it; the server lives on
+        agent.conn.close()
+        assert _until(lambda: not procs.alive(agent.pid) and not procs.alive(rank), 10)
+        assert server.alive()
+    finally:
+        servers.close()
+    assert not procs.alive(server.proc.pid)
+    assert not os.path.exists(server.tmp)
+
+
+@pytest.mark.integration
+def test_close_ends_the_server_and_every_process_it_forked(tmp_path):
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    servers = agent_server.Servers(sys.executable, str(tmp_path))
+    try:
+        with open(tmp_path / "torchrun.log", "w") as out:
+            agent = servers.start_agent(_argv(fifo), _env(tmp_path, procs.new_tag("agent-test")),
+                                        str(tmp_path), out)
+        (server,) = servers.by_key.values()
+        assert _until(lambda: procs.descendants([agent.pid]), 60), "no rank was forked"
+        rank = min(procs.descendants([agent.pid]))
     finally:
         servers.close()
     assert agent.wait(timeout=10) < 0  # killed
