@@ -115,7 +115,7 @@ class Server:
                                              start_new_session=True, cwd=self.tmp)
         finally:
             self._started.set()
-        while not self._stop.wait(0.5) and self.proc.poll() is None:
+        while self.proc is not None and not self._stop.wait(0.5) and self.proc.poll() is None:
             pass
 
     def alive(self) -> bool:
@@ -208,7 +208,7 @@ def serve(path: str, idle_s: float) -> None:
                 pid = next(p for p, c in children.items() if c is s)
                 if pid not in dropped:
                     dropped.add(pid)
-                    _killpg(pid)
+                    procs.kill_group(pid)
         for pid, code in _reaped(list(children)):
             conn = children.pop(pid)
             try:
@@ -220,13 +220,6 @@ def serve(path: str, idle_s: float) -> None:
             idle_since = time.monotonic()
     listener.close()
     os.unlink(path)
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _reaped(pids: list[int]) -> list[tuple[int, int]]:
@@ -258,7 +251,7 @@ def _fork(conn: socket.socket, listener, children) -> int | None:
     try:
         conn.send(json.dumps(dict(pid=pid)).encode())
     except OSError:
-        _killpg(pid)
+        procs.kill_group(pid)
     return pid
 
 
@@ -272,9 +265,8 @@ def _agent(req: dict, out_fd: int, server: int) -> None:
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.close(out_fd)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from . import fork_agent
+        fork_agent.fresh_signals()
         procs.tether(server)
         os.chdir(req["cwd"])
         os.environ.clear()
@@ -284,12 +276,12 @@ def _agent(req: dict, out_fd: int, server: int) -> None:
         sys.path[0] = req["cwd"]  # as ``python -m`` started there would have it
         sys.argv = [AGENT, *req["args"]]
         procs.set_name("harness-agent")
-        from . import fork_agent
         fork_agent.main(req["args"])  # ends the process itself after a clean run
         code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
+    except SystemExit as e:  # as Python's own exit: None is 0, an int itself, else printed, 1
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
             print(e.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()

@@ -52,6 +52,13 @@ def preload() -> None:
                          "modules; forked ranks could not use it (use --rank-start fresh)")
 
 
+def fresh_signals() -> None:
+    """A fresh Python's signal handling in a forked process (not its parent's handlers)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def rank_main(*cmd_args: str) -> int:
     """The forked rank: ``cmd_args`` are what torchrun would have run after ``python``
     (``-u -m harness.worker --plan PLAN``)."""
@@ -59,11 +66,9 @@ def rank_main(*cmd_args: str) -> int:
     if cmd_args[i + 1] != "harness.worker":
         raise SystemExit(f"fork_agent runs harness.worker only, not {cmd_args[i + 1]}")
     from harness.worker import main as worker
-    # a fresh Python's signal handling, not the agent's (torchrun's SIGTERM handler raises an
-    # exception, which a rank waiting inside a collective would only see once it returns)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # not the agent's (torchrun's SIGTERM handler raises an exception, which a rank waiting
+    # inside a collective would only see once it returns)
+    fresh_signals()
     worker._T_MAIN = time.time()  # the rank's process is up (its imports are the agent's)
     sys.argv = [worker.__file__, *cmd_args[i + 2:]]  # what a fresh rank's sys.argv would hold
     # returned to torchrun, which waits for every rank's return value

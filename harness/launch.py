@@ -30,8 +30,9 @@ reparented; the record says how many were killed and lists any survivor (an agen
 agent server, harness/agent_server.py, and its forked ranks show the server's environment in
 ``/proc``: they are found as the agent's process group and descendants). torchrun is tethered to
 the harness process (or to the agent server, tethered to it) and each rank to torchrun
-(``PR_SET_PDEATHSIG``), so a killed pytest takes its launches with it. On GPU the launch's processes must also release their GPU memory (bounded
-wait, ``nvidia-smi``; harness/gpu.py) before the next launch starts.
+(``PR_SET_PDEATHSIG``), so a killed pytest takes its launches with it. On GPU the launch's
+processes must also release their GPU memory (bounded wait, ``nvidia-smi``; harness/gpu.py)
+before the next launch starts.
 
 No shell is involved: the command is an argv list.
 """
@@ -263,7 +264,7 @@ def end_processes(launch: Launch) -> dict:
              if str(launch.plan_path) in procs.cmdline(pid) or _in_agent_group(launch, pid)]
     extra = set(ranks) | procs.descendants([p.pid for p in launch.agents])
     for p in launch.agents:
-        procs.kill_group(p)
+        procs.kill_group(p.pid)
     killed, leaked = procs.kill_tagged(launch.tag, extra, timeout_s=KILL_WAIT_S)
     for p in launch.agents:
         procs.reap(p)

@@ -221,11 +221,11 @@ def terminate_gently(proc: subprocess.Popen) -> None:
             pass
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL a torchrun agent's process group (the agent; its ranks are in sessions of their
-    own and are killed by tag, harness/procs.py)."""
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group: a torchrun agent's (the agent and its forked ranks; fresh ranks
+    are in sessions of their own and are killed by tag)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -139,24 +139,23 @@ class Scheduler:
         try:
             if pending:
                 self._stop_all()
-                return
-            with self._cond:
-                self._cond.notify_all()
-                threads = [ln.thread for lanes in self._lanes.values() for ln in lanes]
-            for th in threads:
-                th.join(timeout=STOP_JOIN_S)
+            else:
+                self._join_lanes()
         finally:
             self.launcher.close()
 
     def _stop_all(self) -> None:
         self.launcher.stop()
+        self._join_lanes()
+        with self._cond:
+            self.done.update(self.launcher.salvaged)
+
+    def _join_lanes(self) -> None:
         with self._cond:
             self._cond.notify_all()
             threads = [ln.thread for lanes in self._lanes.values() for ln in lanes]
         for th in threads:
             th.join(timeout=STOP_JOIN_S)
-        with self._cond:
-            self.done.update(self.launcher.salvaged)
 
 
 class _Lane:
