@@ -12,7 +12,7 @@ from typing import Callable
 
 from . import interrupt, options
 from .early_launches import wanted
-from .launcher import Launcher
+from .launcher import Launcher, stager_worlds
 from .matrix import Case
 from .scheduler import Scheduler
 from .task_graph import TaskGraph
@@ -62,6 +62,7 @@ class Execution:
     def start_early(self, cases: list[Case]) -> None:
         """Start the launches the lanes of ``cases`` will begin with, before collection ends
         (harness/early_launches.py); one scheduling scope."""
+        self.launcher.stager_worlds |= stager_worlds(cases)
         for world_size, env, timeout_s in self._first_launches(cases):
             self.launcher.early.start(world_size, env, timeout_s)
 
@@ -82,6 +83,7 @@ class Execution:
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if device == "cuda"
                                    else max(1, (os.cpu_count() or 1) // 4))
+        self.launcher.stager_worlds |= stager_worlds(cases)
         self.launcher.early.keep_only(wanted(self.scheduler.graph, self.launcher.slots))
 
     def shutdown(self) -> None:

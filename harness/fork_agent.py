@@ -12,13 +12,16 @@ function that runs ``harness.worker``'s ``main`` in a process forked from this o
 modules below were imported here -- each rank then shares them copy-on-write instead of
 importing them again.
 
-Forking is only safe before CUDA or threads that hold locks exist: the agent imports (its exit
-watcher thread only polls its children), it runs
-nothing on a device, ``OMP_NUM_THREADS=1`` (the launcher's safe environment) keeps torch's thread
-pool from starting, and ``torch.cuda.is_available()`` asks NVML (asking the CUDA runtime would
-leave a forked child unable to use CUDA). The launcher forks by default on CPU only
-(``--rank-start``): on 1x H200 forked ranks gave the same outcomes but no speed-up (16 cores;
-each rank still imports the library under test), so GPU launches keep fresh-Python ranks.
+The agent imports the launch's backend's library too (``HARNESS_PRELOAD_BACKEND``, set by the
+launcher: TE for ``--backend te``). Forking is only safe before CUDA or threads that hold locks
+exist: the agent imports (its exit watcher thread only polls its children), it runs nothing on
+a device, ``OMP_NUM_THREADS=1`` (the launcher's safe environment) keeps torch's thread pool from
+starting, ``torch.cuda.is_available()`` asks NVML (asking the CUDA runtime would leave a forked
+child unable to use CUDA), and after the imports the agent checks that neither torch nor a
+library initialized the CUDA driver (TE 2.20.2 does not). The launcher forks by default on CPU
+only (``--rank-start``): on 1x H200 forked ranks with TE imported by the agent gave the same
+outcomes and were ready ~2 s sooner, but the run's wall time moved less than run to run (the
+ranks then wait for pytest's collection), so GPU launches keep fresh-Python ranks.
 Each forked rank gets a fresh Python's signal handling and ``sys.argv``, and names itself
 ``harness-rank<R>`` (its command line is the agent's).
 """
@@ -43,11 +46,30 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint",
            "harness.worker.run", "harness.worker.parallel", "harness.checks.record")
 
 
+PRELOAD_BACKEND_VAR = "HARNESS_PRELOAD_BACKEND"  # the launch's backend: its library too
+
+
+def cuda_driver_initialized() -> bool:
+    """Whether this process called ``cuInit`` (torch's lazy init or a library's own): a forked
+    child of such a process cannot use CUDA. Before ``cuInit`` the driver answers
+    ``CUDA_ERROR_NOT_INITIALIZED`` to everything; a process without libcuda mapped has not."""
+    with open("/proc/self/maps") as f:
+        if "libcuda.so" not in f.read():
+            return False
+    import ctypes
+    count = ctypes.c_int(0)
+    return ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(count)) == 0
+
+
 def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    backend = os.environ.get(PRELOAD_BACKEND_VAR)
+    if backend:  # the library under test (TE), as the rank's own backend.preload() would
+        from harness import backends
+        backends.get(backend).preload()
     import torch
-    if torch.cuda.is_initialized():  # a forked rank could not use CUDA: say so, do not hang
+    if torch.cuda.is_initialized() or cuda_driver_initialized():  # say so, do not hang
         raise SystemExit("harness.fork_agent: CUDA was initialized while importing the ranks' "
                          "modules; forked ranks could not use it (use --rank-start fresh)")
 

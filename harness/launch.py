@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from . import bytecode, gpu, launch_dir, procs
+from . import bytecode, gpu, inductor_cache, launch_dir, procs
 from .interrupt import Interrupted, deferred
 from .tasks import LaunchRecord, Task, TaskResult
 
@@ -100,7 +100,8 @@ class Launch:
         self.plan_path = launch_dir.write_plan(self.d, tasks, launcher.backend, launcher.device,
                                                launcher.collective_timeout_s,
                                                timeout_s=self.timeout_s,
-                                               setup_timeout_s=launcher.startup_timeout_s / 3)
+                                               setup_timeout_s=launcher.startup_timeout_s / 3,
+                                               stager=world_size in launcher.stager_worlds)
         self.tag = procs.new_tag(self.name)
         self.by_name = {t.name: t for t in tasks}
         self.agents: list[subprocess.Popen] = []
@@ -317,6 +318,9 @@ def _env(launch: Launch) -> dict:
     full["PYTHONPATH"] = os.pathsep.join(
         p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
     full.update(bytecode.worker_env(full))
+    full.update(inductor_cache.worker_env(full))
+    if launch.l.fork_ranks:  # the agent imports the backend's library before forking ranks
+        full["HARNESS_PRELOAD_BACKEND"] = launch.l.backend
     return full
 
 

@@ -23,18 +23,20 @@ LOG_TAIL = 6000
 
 def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeout_s: float,
                *, idle_timeout_s: float = 3600.0, timeout_s: float | None = None,
-               setup_timeout_s: float = 60.0) -> Path:
+               setup_timeout_s: float = 60.0, stager: bool = False) -> Path:
     """``timeout_s``: the largest case timeout the launch may see (fed tasks included).
     ``setup_timeout_s``: how long the ranks' groups may take to form (a launch's set-up, not a
     case's collective: on a loaded or sandboxed host one TCP connect on loopback was seen to
-    take 5 s, and a 15 s case timeout gave set-up 7.5 s)."""
+    take 5 s, and a 15 s case timeout gave set-up 7.5 s). ``stager``: the launch may run an
+    async_process save (fed tasks included): its ranks start DCP's stager up front."""
     case_timeout = timeout_s or max(t.case.timeout_s for t in tasks)
     collective = min(collective_timeout_s, case_timeout / 2)
     plan = dict(dir=str(d), backend=backend, device=device,
                 collective_timeout_s=collective,
                 setup_timeout_s=max(setup_timeout_s, collective),
                 control_timeout_s=case_timeout, health_timeout_s=15.0,
-                idle_timeout_s=idle_timeout_s, tasks=[t.to_json() for t in tasks])
+                idle_timeout_s=idle_timeout_s, tasks=[t.to_json() for t in tasks],
+                stager=stager or any(t.case.ax.get("dcp") == "async_process" for t in tasks))
     plan_path = d / "plan.json"
     plan_path.write_text(json.dumps(plan, indent=1))
     (d / "queue").mkdir(exist_ok=True)

@@ -6,8 +6,9 @@ depends on what, and what is ready). The scheduler runs one
 for it and pulls them as they become ready (``harness/launcher.py``) -- train tasks at once,
 reshard tasks once their train task saved its checkpoint, or together with it when both run on
 the same world size. A lane keeps at most ``DEPTH`` cases queued, so the slots of one world
-size share its tasks as they free up. A run thus pays one process start per world size and
-slot, however many cases and phases there are.
+size share its tasks as they free up; a lane takes cases of the modules it already ran first
+(``Scheduler._affinity``: first use of a module costs seconds in each process on GPU). A run
+thus pays one process start per world size and slot, however many cases and phases there are.
 
 Results come back as each task finishes; a train task that made no checkpoint resolves its
 reshard task at once (``not_run``, with the reason). ``concurrency`` bounds how many lanes are
@@ -22,6 +23,7 @@ xdist_group so a group's cases run on one xdist worker.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -93,11 +95,29 @@ class Scheduler:
         if not self._may_run(lane, lane.key):
             return []
         cases_queued = len({n.rsplit(".", 1)[0] for n in lane.assigned})
-        out = []
-        for batch in self._ready(lane.key)[:max(0, DEPTH - cases_queued)]:
+        ready, out = self._ready(lane.key), []
+        for _ in range(max(0, DEPTH - cases_queued)):
+            if not ready:
+                break
+            left = Counter(b[0].case.ax.get("module") for b in ready)
+            batch = min(ready, key=lambda b: self._affinity(lane, b[0].case, left))  # first best
+            ready.remove(batch)
+            lane.modules.add(batch[0].case.ax.get("module"))
             out += batch
         lane.assigned.update(t.name for t in out)
         return out
+
+    def _affinity(self, lane: "_Lane", case: Case, left: Counter) -> tuple:
+        """Which case a lane takes next (the smallest): a module it ran (its launch paid that
+        module's first-use costs: TE's compiled functions, kernel and library set-up -- seconds
+        a module and process on GPU); else a module no lane of its key ran yet; else the module
+        with the most ready cases (``left``) per lane that ran it. Lanes sharing a world size
+        so specialize by module instead of each warming every module."""
+        module = case.ax.get("module")
+        if module in lane.modules:
+            return (0, 0.0)
+        warm = sum(module in ln.modules for ln in self._lanes.get(lane.key, ()) if ln is not lane)
+        return (1, 0.0) if not warm else (2, -left[module] / warm)
 
     # -- lanes -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -165,6 +185,7 @@ class _Lane:
     def __init__(self, sched: Scheduler, key: tuple, slot: int, env: dict):
         self.s, self.key, self.slot, self.env = sched, key, slot, env
         self.assigned: set[str] = set()  # handed to the running launch, no result yet
+        self.modules: set[str] = set()  # the modules of the cases it took (Scheduler._affinity)
         self.timeout_s = sched.graph.timeout_s(key)
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"lane-{key[0]}-w{key[1]}-s{slot}")

@@ -147,3 +147,21 @@ def test_reshard_of_a_train_without_checkpoint_is_not_run():
     assert reshard and all("which was not made (save failed: failed: disk full)" in r["detail"]
                            for r in reshard)
     assert f"{victim.key}.reshard" not in [n for _, _, r in fake.launches for n in r]
+
+
+def test_lanes_of_a_world_size_keep_to_their_modules():
+    """Two slots of one world size: each lane takes the cases of the modules it already ran
+    (first use of a module costs seconds per process on GPU), not every other case."""
+    cases = [c for c in expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"))
+             if c.world_sizes == (2,)]
+    modules = {c.ax["module"] for c in cases}
+    assert len(modules) >= 4 and len(cases) >= 6 * len(modules)  # matrix order interleaves
+    fake = FakeLauncher(slots=2)
+    results = _run(fake, cases, concurrency=None)
+    assert all(r.status == "ok" for r in results.values())
+    by_key = {c.key: c.ax["module"] for c in cases}
+    ran = {env["slot"]: [by_key[n.rsplit(".", 1)[0]] for n in names]
+           for w, env, names in fake.launches}
+    # switches between modules in a lane: without affinity each lane alternates
+    switches = sum(sum(a != b for a, b in zip(ms, ms[1:])) for ms in ran.values())
+    assert switches <= len(modules), ran

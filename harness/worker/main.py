@@ -149,8 +149,7 @@ def _init(plan: dict, timeline: dict):
                                     for name, (group, _) in groups.items()}
     torch.use_deterministic_algorithms(True, warn_only=True)
     timeline["process_group"] = time.time()
-    if any(dict(map(tuple, t["case"]["axes"])).get("dcp") == "async_process"
-           for t in plan["tasks"]):
+    if plan.get("stager"):  # the launch may run async_process saves (fed ones too)
         from . import stager
         stager.prestart(async_group)
     backend = backends.get(plan["backend"])

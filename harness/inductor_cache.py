@@ -1,0 +1,37 @@
+"""TorchInductor's on-disk caches for the ranks, kept across launches and runs.
+
+TE compiles some fused functions with ``torch.compile`` (``transformer_engine.pytorch.jit``):
+the first case of each module in every rank pays Dynamo, AOT autograd and Inductor for them.
+Inductor keeps its FX-graph and kernel caches under ``tempfile.gettempdir()`` unless told
+otherwise, and each launch's processes get a ``TMPDIR`` of their own (removed with them,
+harness/launch.py): every launch compiled the same kernels again. The ranks now use
+``$XDG_CACHE_HOME/fsdp2-harness/inductor`` (a cache the user set is kept). Inductor's caches are
+keyed by everything that determines the code (graph, torch version, configuration, device); a
+hit gives the code a compile would (its own tests' contract), so what the cases check is
+unchanged.
+
+``TORCHINDUCTOR_COMPILE_THREADS=1`` (unless set): with more, each rank starts a pool of compile
+worker processes (one per core, each importing torch) for a handful of tiny kernels -- on a
+32-core host with 8 ranks, hundreds of processes contending for the CPU the ranks need. The
+kernels are the same either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def worker_env(env: dict) -> dict:
+    """The variables a rank's environment gets (none the user set is replaced)."""
+    out = {}
+    if not env.get("TORCHINDUCTOR_CACHE_DIR"):
+        root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" \
+            / "inductor"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            out["TORCHINDUCTOR_CACHE_DIR"] = str(root)
+        except OSError:
+            pass  # Inductor's default (the launch's TMPDIR) then
+    if not env.get("TORCHINDUCTOR_COMPILE_THREADS"):
+        out["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    return out
