@@ -10,10 +10,11 @@ keyed by everything that determines the code (graph, torch version, configuratio
 hit gives the code a compile would (its own tests' contract), so what the cases check is
 unchanged.
 
-``TORCHINDUCTOR_COMPILE_THREADS=1`` (unless set): with more, each rank starts a pool of compile
-worker processes (one per core, each importing torch) for a handful of tiny kernels -- on a
-32-core host with 8 ranks, hundreds of processes contending for the CPU the ranks need. The
-kernels are the same either way.
+``TORCHINDUCTOR_COMPILE_THREADS=1`` (unless set): by default each rank may start a pool of
+compile worker processes (as many as the host has cores, each importing torch) for a handful
+of tiny kernels, while the ranks of several launches share those cores. The kernels are the
+same either way; on 1x H200 (16 cores, warm cache) 16 threads measured no different from 1
+(reports/bench/README.md).
 """
 
 from __future__ import annotations

