@@ -69,3 +69,16 @@ def test_a_launch_environment_carries_the_caches_and_the_backend_to_preload(tmp_
     launch = Launch(fresh, [], 2, {}, timeout_s=60, early=True)
     launch.tmp = str(tmp_path / "tmp2")
     assert "HARNESS_PRELOAD_BACKEND" not in _env(launch)
+
+
+def test_fed_launches_start_the_stager_up_front_on_gpu_hosts_only(tmp_path):
+    """On a 2-core CPU box a stager started before its launch has tasks competed with the busy
+    lane (measured slower): the run's cases mark world sizes on cuda only."""
+    from harness.execution import Execution
+    cases = _cases()
+    for device, expected in (("cuda", stager_worlds(cases)), ("cpu", set())):
+        ex = Execution("t", str(tmp_path / device))
+        ex.launcher = Launcher(tmp_path / device / "l", "torch", device, agent_server=False)
+        ex._expect(cases)
+        assert ex.launcher.stager_worlds == expected
+        assert expected or device == "cpu"
