@@ -38,8 +38,9 @@ def _needed(prefix, dont_write) -> bool:
     return not prefix and bool(dont_write or not _torch_has_bytecode())
 
 
-def _root(env) -> Path | None:
-    root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" / "pycache"
+def cache_dir(env, name: str) -> Path | None:
+    """``$XDG_CACHE_HOME/fsdp2-harness/<name>`` (made), or None where it cannot be made."""
+    root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" / name
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -51,7 +52,7 @@ def worker_env(env: dict) -> dict:
     """The variables that give a launched process (agent, rank) the cache; {} if not needed."""
     if not _needed(env.get("PYTHONPYCACHEPREFIX"), env.get("PYTHONDONTWRITEBYTECODE")):
         return {}
-    root = _root(env)
+    root = cache_dir(env, "pycache")
     if root is None:
         return {}
     out = {"PYTHONPYCACHEPREFIX": str(root)}
@@ -65,7 +66,7 @@ def use_here() -> bool:
     imported. Returns whether it was turned on."""
     if "torch" in sys.modules or not _needed(sys.pycache_prefix, sys.dont_write_bytecode):
         return False
-    root = _root(os.environ)
+    root = cache_dir(os.environ, "pycache")
     if root is None:
         return False
     sys.pycache_prefix = str(root)

@@ -12,7 +12,8 @@ from typing import Callable
 
 from . import interrupt, options
 from .early_launches import wanted
-from .launcher import Launcher, stager_worlds
+from .launch_dir import stager_worlds
+from .launcher import Launcher
 from .matrix import Case
 from .scheduler import Scheduler
 from .task_graph import TaskGraph
@@ -88,9 +89,9 @@ class Execution:
 
     def _expect(self, cases: list[Case]) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
-        front, also when its tasks come through the feed (1x H200: a launch's first such save 1.9-4.2 s ->
-        0.2-1.1 s). Not on CPU: on 2 cores the stagers' start then competes with the busy lane
-        (a 40-case torch slice 23-26 s without, 29 s with, alternating)."""
+        front, also when its tasks come through the feed (1x H200: a launch's first such save
+        1.9-4.2 s -> 0.2-1.1 s). Not on CPU: on 2 cores the stagers' start then competes with
+        the busy lane (a 40-case torch slice 23-26 s without, 29 s with, alternating)."""
         if self.launcher.device == "cuda":
             self.launcher.stager_worlds |= stager_worlds(cases)
 

@@ -19,20 +19,16 @@ same either way; on 1x H200 (16 cores, warm cache) 16 threads measured no differ
 
 from __future__ import annotations
 
-from pathlib import Path
+from .bytecode import cache_dir
 
 
 def worker_env(env: dict) -> dict:
     """The variables a rank's environment gets (none the user set is replaced)."""
     out = {}
     if not env.get("TORCHINDUCTOR_CACHE_DIR"):
-        root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" \
-            / "inductor"
-        try:
-            root.mkdir(parents=True, exist_ok=True)
+        root = cache_dir(env, "inductor")  # None: Inductor's default (the launch's TMPDIR)
+        if root is not None:
             out["TORCHINDUCTOR_CACHE_DIR"] = str(root)
-        except OSError:
-            pass  # Inductor's default (the launch's TMPDIR) then
     if not env.get("TORCHINDUCTOR_COMPILE_THREADS"):
         out["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return out

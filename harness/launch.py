@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import bytecode, gpu, inductor_cache, launch_dir, procs
+from .fork_agent import PRELOAD_BACKEND_VAR
 from .interrupt import Interrupted, deferred
 from .tasks import LaunchRecord, Task, TaskResult
 
@@ -320,7 +321,7 @@ def _env(launch: Launch) -> dict:
     full.update(bytecode.worker_env(full))
     full.update(inductor_cache.worker_env(full))
     if launch.l.fork_ranks:  # the agent imports the backend's library before forking ranks
-        full["HARNESS_PRELOAD_BACKEND"] = launch.l.backend
+        full[PRELOAD_BACKEND_VAR] = launch.l.backend
     return full
 
 

@@ -21,6 +21,12 @@ from .tasks import TaskResult
 LOG_TAIL = 6000
 
 
+def stager_worlds(cases) -> set[int]:
+    """World sizes with async_process cases: their launches start DCP's stager process up front
+    (worker/stager.py), also when their tasks come through the feed (early launches)."""
+    return {c.mesh.world_size for c in cases if c.ax.get("dcp") == "async_process"}
+
+
 def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeout_s: float,
                *, idle_timeout_s: float = 3600.0, timeout_s: float | None = None,
                setup_timeout_s: float = 60.0, stager: bool = False) -> Path:
@@ -36,7 +42,7 @@ def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeo
                 setup_timeout_s=max(setup_timeout_s, collective),
                 control_timeout_s=case_timeout, health_timeout_s=15.0,
                 idle_timeout_s=idle_timeout_s, tasks=[t.to_json() for t in tasks],
-                stager=stager or any(t.case.ax.get("dcp") == "async_process" for t in tasks))
+                stager=stager or bool(stager_worlds(t.case for t in tasks)))
     plan_path = d / "plan.json"
     plan_path.write_text(json.dumps(plan, indent=1))
     (d / "queue").mkdir(exist_ok=True)

@@ -63,12 +63,6 @@ class StaticSource:
         self.left = [t for t in tasks if t.name not in self.results]
 
 
-def stager_worlds(cases) -> set[int]:
-    """World sizes with async_process cases: their launches start DCP's stager process up front
-    (worker/stager.py), also when their tasks come through the feed (early launches)."""
-    return {c.mesh.world_size for c in cases if c.ax.get("dcp") == "async_process"}
-
-
 def fork_ranks(rank_start: str, device: str) -> bool:
     """Ranks forked from an agent that imported their modules (harness/fork_agent.py) or a
     fresh Python each (torchrun's own way); auto: fork on CPU, fresh on cuda (the library under
@@ -117,7 +111,7 @@ class Launcher:
         self.agent_servers = Servers(python, scratch_parent()) \
             if self.fork_ranks and agent_server and not self.node_launcher else None
         self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
-        self.stager_worlds: set[int] = set()  # stager_worlds() of the run's cases
+        self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""

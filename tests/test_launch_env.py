@@ -3,11 +3,15 @@ DCP's stager is started up front when the launch may run an async_process save, 
 its tasks come through the feed; the ranks share TorchInductor's caches across launches; a
 forked rank's agent imports the backend's library."""
 
+import json
 from pathlib import Path
 
 from harness import inductor_cache, launch_dir
+from harness.execution import Execution
+from harness.fork_agent import PRELOAD_BACKEND_VAR
 from harness.launch import Launch, _env
-from harness.launcher import Launcher, Task, stager_worlds
+from harness.launch_dir import stager_worlds
+from harness.launcher import Launcher, Task
 from harness.matrix import expand
 from harness.spec import load_scenario
 
@@ -19,7 +23,6 @@ def _cases():
 
 
 def _plan(launch: Launch) -> dict:
-    import json
     return json.loads(launch.plan_path.read_text())
 
 
@@ -62,23 +65,22 @@ def test_a_launch_environment_carries_the_caches_and_the_backend_to_preload(tmp_
     launch = Launch(fork, [], 2, {}, timeout_s=60, early=True)
     launch.tmp = str(tmp_path / "tmp")  # the launch's own TMPDIR (made when it starts)
     env = _env(launch)
-    assert env["HARNESS_PRELOAD_BACKEND"] == "reference"
+    assert env[PRELOAD_BACKEND_VAR] == "reference"
     assert env["TORCHINDUCTOR_CACHE_DIR"] and not env["TORCHINDUCTOR_CACHE_DIR"].startswith(
         launch.tmp)
     fresh = Launcher(tmp_path / "r", "reference", "cpu", rank_start="fresh")
     launch = Launch(fresh, [], 2, {}, timeout_s=60, early=True)
     launch.tmp = str(tmp_path / "tmp2")
-    assert "HARNESS_PRELOAD_BACKEND" not in _env(launch)
+    assert PRELOAD_BACKEND_VAR not in _env(launch)
 
 
 def test_fed_launches_start_the_stager_up_front_on_gpu_hosts_only(tmp_path):
     """On a 2-core CPU box a stager started before its launch has tasks competed with the busy
     lane (measured slower): the run's cases mark world sizes on cuda only."""
-    from harness.execution import Execution
     cases = _cases()
+    assert stager_worlds(cases)  # smoke has async_process cases
     for device, expected in (("cuda", stager_worlds(cases)), ("cpu", set())):
         ex = Execution("t", str(tmp_path / device))
         ex.launcher = Launcher(tmp_path / device / "l", "torch", device, agent_server=False)
         ex._expect(cases)
         assert ex.launcher.stager_worlds == expected
-        assert expected or device == "cpu"
