@@ -262,29 +262,30 @@ def end_processes(launch: Launch) -> dict:
             procs.terminate_gently(p)
     # the ranks this launch's progress files name (pids checked against the plan: a stale
     # pid may belong to someone else by now) and everything below the agents
+    # (an agent forked by a server that ended before forking it has no pid)
+    agents = {p.pid for p in launch.agents} - {None}
     ranks = [pid for pid in launch_dir.progress_pids(launch.d)
-             if str(launch.plan_path) in procs.cmdline(pid) or _in_agent_group(launch, pid)]
-    extra = set(ranks) | procs.descendants([p.pid for p in launch.agents])
-    for p in launch.agents:
-        procs.kill_group(p.pid)
+             if str(launch.plan_path) in procs.cmdline(pid) or _in_agent_group(agents, pid)]
+    extra = set(ranks) | procs.descendants(list(agents))
+    for pid in agents:
+        procs.kill_group(pid)
     killed, leaked = procs.kill_tagged(launch.tag, extra, timeout_s=KILL_WAIT_S)
     for p in launch.agents:
         procs.reap(p)
     held = []
     if launch.l.device == "cuda":
-        held = gpu.wait_released(set(killed) | extra | {p.pid for p in launch.agents},
-                                 timeout_s=GPU_RELEASE_S)
+        held = gpu.wait_released(set(killed) | extra | agents, timeout_s=GPU_RELEASE_S)
     if launch.tmp is not None:  # torchrun's log dir, multiprocessing's pymp-*, stagers' files
         shutil.rmtree(launch.tmp, ignore_errors=True)
     return dict(killed=len(killed), leaked=leaked, gpu_held=held)
 
 
-def _in_agent_group(launch: Launch, pid: int) -> bool:
+def _in_agent_group(agents: set[int], pid: int) -> bool:
     """A rank forked by an agent that the agent server forked has the server's command line;
     it is known by its process group: its agent's (a group id is not reused while it has a
     member)."""
     p = procs.info(pid)
-    return p is not None and p.pgid in {a.pid for a in launch.agents}
+    return p is not None and p.pgid in agents
 
 
 def _record(launch: Launch, start, end, timed_out, cleanup, results, interrupted=False,

@@ -47,8 +47,9 @@ def outcome(tmp_path_factory):
     (tmp / "ckpt_faults.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp / "ckpt_faults.yaml"), "torch")
     launcher = Launcher(tmp / "launches", "torch", "cpu")
+    # a lane per DCP mode (three at once): the crashes' relaunches overlap
     with Sampler(tmp / "launches") as sampler, \
-            Scheduler(launcher, cases, tmp / "ckpt") as sched:  # exit: the lanes end
+            Scheduler(launcher, cases, tmp / "ckpt", lambda c: c.ax["dcp"]) as sched:
         results = {(c.ax["dcp"], c.ax["fault"]): sched.result(c) for c in cases}
     survivors = sampler.survivors()
     for pid in survivors:  # never leave them running, even when the test fails

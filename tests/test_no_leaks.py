@@ -75,8 +75,10 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, ra
     (tmp_path / "leaks.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp_path / "leaks.yaml"), "torch")
     launcher = Launcher(tmp_path / "launches", "torch", "cpu", rank_start=rank_start)
+    # three lanes at once (a scope each): the hang's timeout overlaps the other two launches
+    scope = lambda c: "async" if c.ax["dcp"] == "async_process" else c.ax["fault"]  # noqa: E731
     with Sampler(tmp_path / "launches") as sampler, \
-            Scheduler(launcher, cases, tmp_path / "ckpt") as sched:  # exit: the lanes end
+            Scheduler(launcher, cases, tmp_path / "ckpt", scope) as sched:  # exit: lanes end
         results = {c.ax["fault"]: sched.result(c) for c in cases}
     assert results["none"].passed, results["none"].errors
     assert results["hang"].status == "timeout"

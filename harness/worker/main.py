@@ -118,6 +118,7 @@ def _init(plan: dict, timeline: dict):
     import torch.distributed as dist
 
     from .. import backends
+    from .store import agent_store
     timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -126,14 +127,16 @@ def _init(plan: dict, timeline: dict):
     # the groups form under the launch's set-up timeout (connections, not a case's collective),
     # then take the timeouts their collectives run under
     setup = timedelta(seconds=plan["setup_timeout_s"])
+    store = agent_store(world, setup)  # torchrun's, each connect attempt bounded
+    joined = dict(store=store, rank=rank, world_size=world) if store is not None else {}
     if plan["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         # async DCP needs a CPU backend beside NCCL
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device, **joined)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=setup)
+        dist.init_process_group("gloo", timeout=setup, **joined)
     control = dist.new_group(backend="gloo", timeout=setup)
     # Inside a unit a rank may be where the others never arrive (one raised): the harness's own
     # collectives there go over a group of their own, so the control group's agreement after
