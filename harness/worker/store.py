@@ -2,15 +2,15 @@
 new socket.
 
 torchrun's agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE``) and ``init_process_group``'s
-``env://`` rendezvous connects to it once. On the 2-core (gVisor) VM a loopback connect now and
-then gets no answer: 38 of 1000 TCPStore connects in a loop took 5.0 s (raw sockets: 5 of 1000
-took 1.0 s), and in one smoke run a world-4 launch waited its whole 60 s set-up timeout for one
-rank that never got past ``TCPStore(...)``, then ran again. TCPStore's constructor waits for an
-unanswered connection without bound (a listener that accepts and never answers holds it far
-past its timeout) but releases the GIL: so each attempt runs in a thread of its own, is given
-up after ``CONNECT_S`` (a connect, validation and ping take milliseconds when the store
-answers) and left blocked, and the next one starts on a new socket, until the set-up timeout
-is spent.
+``env://`` rendezvous connects to it once. On the 2-core sandboxed VM (Firecracker) a loopback
+connect now and then gets no answer: 38 of 1000 TCPStore connects in a loop took 5.0 s (raw
+sockets: 5 of 1000 took 1.0 s), and in one smoke run a world-4 launch waited its whole 60 s
+set-up timeout for one rank that never got past ``TCPStore(...)``, then ran again. TCPStore's
+constructor waits for an unanswered connection without bound (a listener that accepts and
+never answers holds it far past its timeout) but releases the GIL: so each attempt runs in a
+thread of its own, is given up after ``CONNECT_S`` (a connect, validation and ping take
+milliseconds when the store answers) and left blocked, and the next one starts on a new
+socket, until the set-up timeout is spent.
 """
 
 from __future__ import annotations
