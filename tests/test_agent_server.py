@@ -12,6 +12,7 @@ import pytest
 
 from harness import agent_server, fork_agent, procs
 from harness.launch import SAFE_ENV
+from subprocs import harness_env
 
 
 def _argv(plan) -> list[str]:
@@ -22,7 +23,7 @@ def _argv(plan) -> list[str]:
 
 
 def _env(tmp_path, tag) -> dict:
-    return {**os.environ, **SAFE_ENV, procs.TAG_VAR: tag, "TMPDIR": str(tmp_path)}
+    return {**harness_env(), **SAFE_ENV, procs.TAG_VAR: tag, "TMPDIR": str(tmp_path)}
 
 
 def _until(cond, timeout_s: float) -> bool:

@@ -6,7 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from subprocs import run_all
+from subprocs import harness_env, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +52,6 @@ RANK = textwrap.dedent("""\
 def test_gather_mixed_dtypes_uneven_shards_and_diverging_replicas(tmp_path):
     store = str(tmp_path / "store")  # a file rendezvous: no port to race for
     done = run_all([[sys.executable, "-c", RANK, str(r), store] for r in range(2)], timeout=120,
-                   cwd=ROOT)
+                   cwd=ROOT, env=harness_env())
     assert [rc for rc, _ in done] == [0, 0], done
     assert all(out.strip().endswith("ok") for _, out in done), done

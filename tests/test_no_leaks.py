@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -167,3 +168,21 @@ def test_scratch_dir_fits_unix_sockets(monkeypatch, tmp_path):
     deep = tmp_path / ("d" * 60)
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
     assert launch.scratch_parent() == "/tmp"
+
+
+def test_an_agent_not_yet_leading_its_group_is_killed_by_pid(tmp_path):
+    """An agent the server forked a moment ago may not have made its own session yet (a run
+    that selects no case ends its early launches right after their agents are named): a kill
+    of its group misses it, so the launch's end kills it by pid too. Here: a child in this
+    test's own process group, which is never signalled as a group."""
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    plain = types.SimpleNamespace
+    stub = plain(agents=[agent], l=plain(node_launcher=None, device="cpu"), d=tmp_path,
+                 plan_path=tmp_path / "plan.json", tag=procs.new_tag("agent-test"), tmp=None)
+    try:
+        cleanup = launch.end_processes(stub)
+        assert agent.poll() == -signal.SIGKILL and cleanup["leaked"] == []
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(timeout=10)
