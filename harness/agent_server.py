@@ -10,9 +10,7 @@ log as stdout / stderr, tethered (``PR_SET_PDEATHSIG``) to the server, which is 
 launcher's process -- and runs ``fork_agent.main(ARGS)``. The launcher gets an
 :class:`AgentProc` that acts like the ``subprocess.Popen`` it replaces (pid, poll, wait,
 returncode): the server reaps its children and sends each exit status back on the request's
-connection. A new server listens before it imports those modules and the launcher does not
-wait for its first agent's pid, so pytest's own imports and collection run meanwhile (the early
-launches of ``pytest_configure`` waited ~2.4 s for the server on the 2-core VM).
+connection.
 
 A server serves only launches whose environment, apart from what differs per launch
 (:data:`PER_LAUNCH`), is the one it was started with (the modules it imported saw that
@@ -65,55 +63,30 @@ def agent_args(argv: list[str], python: str) -> list[str] | None:
 # --- the launcher's side ------------------------------------------------------------------
 class AgentProc:
     """A forked agent, as the launcher sees a ``subprocess.Popen``: ``pid``, ``poll()``,
-    ``wait(timeout)``, ``returncode`` (negative: the signal that ended it).
+    ``wait(timeout)``, ``returncode`` (negative: the signal that ended it)."""
 
-    The server names the agent's pid in its first message on the request's connection and its
-    exit status in the second. A new server listens before its imports and forks only after
-    them, so the launcher does not wait for that at the start: ``pid`` waits for the first
-    message (bounded, ``READY_S``) when it is first asked for, ``poll`` does not wait. ``pid``
-    is None when the server ended without forking the agent (``returncode`` is then set)."""
-
-    def __init__(self, conn: socket.socket, args: list[str]):
-        self.conn, self.args, self.returncode = conn, args, None
-        self._pid: int | None = None
-
-    @property
-    def pid(self) -> int | None:
-        deadline = time.monotonic() + READY_S
-        while self._pid is None and self.returncode is None and time.monotonic() < deadline:
-            self._read(deadline - time.monotonic())
-        return self._pid
-
-    def named(self) -> bool:
-        """Whether the server named the pid yet (no waiting)."""
-        if self._pid is None:
-            self._read(0.0)
-        return self._pid is not None
+    def __init__(self, conn: socket.socket, pid: int, args: list[str]):
+        self.conn, self.pid, self.args, self.returncode = conn, pid, args, None
 
     def poll(self) -> int | None:
         return self._read(0.0)
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.returncode is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            self._read(left)
+        if self._read(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def _read(self, timeout: float | None) -> int | None:
-        """Take one message if one comes within ``timeout``; the return code (None: running)."""
-        if self.returncode is None and select.select([self.conn], [], [], timeout)[0]:
+        if self.returncode is not None:
+            return self.returncode
+        if select.select([self.conn], [], [], timeout)[0]:
             try:
-                msg = json.loads(self.conn.recv(MAX_MSG) or b"null")
-            except (OSError, ValueError):
-                msg = None
-            if msg and "pid" in msg:
-                self._pid = msg["pid"]
-            else:  # the exit status, or the server died (its agents died with it: tethered)
-                self.returncode = msg["returncode"] if msg else -signal.SIGKILL
-                self.conn.close()
+                msg = self.conn.recv(MAX_MSG)
+            except OSError:
+                msg = b""
+            # the server died (its agents died with it: tethered) or sent the exit status
+            self.returncode = json.loads(msg)["returncode"] if msg else -signal.SIGKILL
+            self.conn.close()
         return self.returncode
 
 
@@ -130,7 +103,6 @@ class Server:
         self.argv = [python, "-m", "harness.tethered", "--parent", str(os.getpid()),
                      "harness.agent_server", self.path, str(IDLE_S)]
         self.proc: subprocess.Popen | None = None
-        self.first: AgentProc | None = None  # the first agent asked for
         self._started, self._stop = threading.Event(), threading.Event()
         threading.Thread(target=self._own, daemon=True, name="agent-server").start()
         self._started.wait()
@@ -150,29 +122,22 @@ class Server:
         return self.proc is not None and self.proc.poll() is None
 
     def spawn(self, args: list[str], env: dict, cwd: str, out) -> AgentProc | None:
-        """Ask the server to fork an agent; None when it cannot (the caller starts one).
-        Until the server forked its first agent the request does not wait for it (the
-        server's imports: ``AgentProc.pid``); after, it waits for the pid, which a server
-        that is about to exit idle never sends."""
+        """Ask the server to fork an agent; None when it cannot (the caller starts one)."""
         deadline = time.monotonic() + READY_S
         while self.alive() and not os.path.exists(self.path) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.02)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(READY_S)
             conn.connect(self.path)
             req = json.dumps(dict(args=args, env=env, cwd=cwd)).encode()
             socket.send_fds(conn, [req], [out.fileno()])
-        except OSError:
+            reply = conn.recv(MAX_MSG)
+            pid = json.loads(reply)["pid"]
+        except (OSError, ValueError, KeyError):
             conn.close()
             return None
-        agent = AgentProc(conn, [AGENT, *args])
-        if self.first is None:
-            self.first = agent
-        elif self.first.named() and agent.pid is None:  # it forked before: a prompt reply
-            agent.conn.close()
-            return None
-        return agent
+        return AgentProc(conn, pid, [AGENT, *args])
 
     def close(self) -> None:
         """End the server and every process it forked that is still alive (bounded)."""
@@ -191,7 +156,6 @@ class Servers:
     def __init__(self, python: str, scratch: str):
         self.python, self.scratch = python, scratch  # scratch: where its sockets go
         self._lock, self.by_key = threading.Lock(), {}
-        self.broken: set[str] = set()  # environments whose server failed
 
     def start_agent(self, argv: list[str], env: dict, cwd: str, out) -> AgentProc | None:
         """The agent of ``argv`` forked by a server, or None (start it as before)."""
@@ -205,10 +169,6 @@ class Servers:
                 if server is None or not server.alive():
                     if server is not None:
                         server.close()
-                        if server.proc is not None and server.proc.returncode:
-                            self.broken.add(key)  # it failed (its imports?): agents as before
-                    if key in self.broken:
-                        return None
                     server = self.by_key[key] = Server(self.python, env, self.scratch)
             agent = server.spawn(args, env, cwd, out)
             if agent is not None or server.alive():
@@ -224,17 +184,15 @@ class Servers:
 
 # --- the server ---------------------------------------------------------------------------
 def serve(path: str, idle_s: float) -> None:
-    # listening first: requests wait in the backlog while the modules import (seconds), and
-    # the launcher goes on meanwhile
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path + ".new")
-    listener.listen(64)
-    os.rename(path + ".new", path)  # the path appears once it accepts
     from . import fork_agent
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # as fork_agent.main does
     importlib.import_module("torch.distributed.run")  # what the agent runs
     fork_agent.preload()
     procs.set_name("harness-agents")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".new")
+    listener.listen(64)
+    os.rename(path + ".new", path)  # the path appears once it accepts
     children: dict[int, socket.socket] = {}
     dropped: set[int] = set()
     idle_since = time.monotonic()

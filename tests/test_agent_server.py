@@ -6,11 +6,10 @@ The launches of tests/test_no_leaks.py (hang, crash, raise) go through it with f
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from harness import agent_server, fork_agent, procs
+from harness import agent_server, procs
 from harness.launch import SAFE_ENV
 from subprocs import harness_env
 
@@ -130,41 +129,3 @@ def test_close_ends_the_server_and_every_process_it_forked(tmp_path):
             f"{pid} survived close(): {procs.info(pid)} {procs.cmdline(pid)!r}"
     assert not os.path.exists(server.tmp)
 
-
-@pytest.mark.integration
-def test_the_first_agent_is_asked_for_before_the_server_imported_anything(tmp_path):
-    """A new server listens before its imports (torch: seconds): the launcher's request
-    returns at once and the pid comes when the server forked the agent."""
-    servers = agent_server.Servers(sys.executable, str(tmp_path))
-    tag = procs.new_tag("agent-test")
-    try:
-        with open(tmp_path / "torchrun.log", "w") as out:
-            agent = servers.start_agent(_argv(tmp_path / "missing.json"), _env(tmp_path, tag),
-                                        str(tmp_path), out)
-        assert isinstance(agent, agent_server.AgentProc)
-        assert not agent.named() and agent.poll() is None  # the server is still importing
-        assert agent.pid is not None  # waits (bounded) until it forked the agent
-        assert agent.wait(timeout=120) == 1  # the rank could not read its plan
-    finally:
-        servers.close()
-    assert procs.tagged(tag) == []
-
-
-@pytest.mark.integration
-def test_a_server_that_fails_to_start_ends_its_agent_and_later_launches_start_their_own(
-        tmp_path):
-    servers = agent_server.Servers(sys.executable, str(tmp_path))
-    env = {**_env(tmp_path, procs.new_tag("agent-test")),
-           fork_agent.PRELOAD_BACKEND_VAR: "no_such_backend"}  # the server's import fails
-    try:
-        with open(tmp_path / "torchrun.log", "w") as out:
-            agent = servers.start_agent(_argv(tmp_path / "missing.json"), env, str(tmp_path),
-                                        out)
-            assert agent.wait(timeout=120) < 0 and agent.pid is None  # never forked
-            (server,) = servers.by_key.values()
-            assert "no_such_backend" in Path(server.tmp, "server.log").read_text()
-            # the next launch of that environment starts its agent as before (None)
-            assert servers.start_agent(_argv(tmp_path / "missing.json"), env, str(tmp_path),
-                                       out) is None
-    finally:
-        servers.close()

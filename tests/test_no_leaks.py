@@ -171,8 +171,7 @@ def test_scratch_dir_fits_unix_sockets(monkeypatch, tmp_path):
 
 
 def test_an_agent_not_yet_leading_its_group_is_killed_by_pid(tmp_path):
-    """An agent the server forked a moment ago may not have made its own session yet (a run
-    that selects no case ends its early launches right after their agents are named): a kill
+    """An agent the server forked a moment ago may not have made its own session yet: a kill
     of its group misses it, so the launch's end kills it by pid too. Here: a child in this
     test's own process group, which is never signalled as a group."""
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
