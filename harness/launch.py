@@ -260,12 +260,12 @@ def end_processes(launch: Launch) -> dict:
     for p in launch.agents:  # srun first gets a SIGTERM to forward to the remote nodes
         if launch.l.node_launcher:
             procs.terminate_gently(p)
-    # the ranks this launch's progress files name (pids checked against the plan: a stale
-    # pid may belong to someone else by now) and everything below the agents
+    agents = {p.pid for p in launch.agents}
     # the agents that still run are killed by pid too: one the agent server forked a moment
     # ago may not lead its group yet (its setsid comes first thing, but after the fork)
-    agents = {p.pid for p in launch.agents}
     running = {p.pid for p in launch.agents if p.poll() is None}
+    # the ranks this launch's progress files name (pids checked against the plan: a stale
+    # pid may belong to someone else by now) and everything below the agents
     ranks = [pid for pid in launch_dir.progress_pids(launch.d)
              if str(launch.plan_path) in procs.cmdline(pid) or _in_agent_group(agents, pid)]
     extra = set(ranks) | procs.descendants(list(agents)) | running

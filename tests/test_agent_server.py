@@ -128,4 +128,3 @@ def test_close_ends_the_server_and_every_process_it_forked(tmp_path):
         assert _until(lambda: not procs.alive(pid), 10), \
             f"{pid} survived close(): {procs.info(pid)} {procs.cmdline(pid)!r}"
     assert not os.path.exists(server.tmp)
-

@@ -15,6 +15,7 @@ socket, until the set-up timeout is spent.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -34,7 +35,7 @@ def agent_store(world_size: int, setup: timedelta):
         return None
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     deadline = time.monotonic() + setup.total_seconds()
-    for attempt in range(1, 1 << 20):
+    for attempt in itertools.count(1):
         left = deadline - time.monotonic()
         store, why = _attempt(host, port, world_size, max(0.1, min(CONNECT_S, left)))
         if store is not None:
