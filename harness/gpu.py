@@ -1,4 +1,5 @@
-"""Is the GPU memory a launch held free again? (``nvidia-smi``, bounded; CPU runs never ask.)
+"""How many GPUs are there (NVML), and is the GPU memory a launch held free again?
+(``nvidia-smi``, bounded; CPU runs never ask.)
 
 A rank that outlives its launch keeps its CUDA context, memory and NCCL communicators: every
 later launch on that GPU then runs short of memory or hangs. After killing a launch the
@@ -13,12 +14,31 @@ harness/procs.py still does).
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
 import time
 
 QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 SMI_TIMEOUT_S = 10.0
+
+
+def nvml_device_count() -> int | None:
+    """The GPUs the driver's own library (``libnvidia-ml``) sees, or None where it cannot say.
+    Milliseconds, and neither torch nor a CUDA context in the asking process: pytest counts
+    the GPUs before its first launch starts, and importing torch and initializing CUDA for that
+    put ~2 s before every GPU run's first launch (1x H200, reports/bench/README.md)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint(0)
+        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else None
+    finally:
+        nvml.nvmlShutdown()
 
 
 def parse_compute_apps(text: str) -> dict[int, int]:
