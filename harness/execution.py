@@ -79,13 +79,14 @@ class Execution:
         """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope
         per world size (xdist workers), else one for all. On a small CPU box one launch runs at
         a time (overlapping launches would only fight over the cores). Early launches the
-        lanes will not take are ended."""
+        lanes will not take are ended; the lanes start at once."""
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if device == "cuda"
                                    else max(1, (os.cpu_count() or 1) // 4))
         self._expect(cases)
         self.launcher.early.keep_only(wanted(self.scheduler.graph, self.launcher.slots))
+        self.scheduler.begin()
 
     def _expect(self, cases: list[Case]) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up

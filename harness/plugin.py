@@ -336,6 +336,8 @@ class HarnessSession:
             return
         _execution(self).start(runnable, per_scope=self.worker_id is not None,
                                device=self.device)
+        if self.worker_id is None and self.record.write_reports:
+            results.import_writers()  # while the lanes start, not after the last one ended
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:

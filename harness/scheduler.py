@@ -52,6 +52,12 @@ class Scheduler:
         self.concurrency = concurrency
 
     # ------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start the lanes that have work now, as the first :meth:`result` would: the caller
+        may then do other work before it waits for a result."""
+        with self._cond:
+            self._dispatch()
+
     def result(self, case: Case) -> CaseResult:
         try:
             with self._cond:

@@ -165,3 +165,15 @@ def test_lanes_of_a_world_size_keep_to_their_modules():
     # switches between modules in a lane: without affinity each lane alternates
     switches = sum(sum(a != b for a, b in zip(ms, ms[1:])) for ms in ran.values())
     assert switches <= len(modules), ran
+
+
+def test_begin_starts_the_lanes_before_any_result_is_asked_for():
+    cases = _cases()
+    fake = FakeLauncher()
+    with Scheduler(fake, cases, Path("/nonexistent"), concurrency=1) as sched:
+        sched.begin()  # the plugin then imports the report's writers while the lanes run
+        deadline = time.monotonic() + 10
+        while not fake.order and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fake.order, "no task ran before the first result() call"
+        assert all(sched.result(c).status == "ok" for c in cases)
