@@ -2,6 +2,7 @@
 CUDA_VISIBLE_DEVICES where set, else from NVML without importing torch, else torch's count; and
 cases skip with a reason where torch cannot use CUDA at all."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,16 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_counting_through_nvml_imports_no_torch():
-    code = ("import sys; import harness.gpu as g; g.nvml_device_count = lambda: 3\n"
+    code = ("import json, sys; import harness.gpu as g; g.nvml_device_count = lambda: 3\n"
             "from harness.environment import RunEnvironment\n"
             "e = RunEnvironment('torch', 'cuda', None)\n"
-            "print(e.visible_gpus(), e.max_world(), 'torch' in sys.modules)")
+            "print(json.dumps([e.visible_gpus(), e.max_world(), 'torch' in sys.modules]))")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("]")[0] == "['0', '1', '2'"
-    assert out.stdout.split("]")[1].split() == ["3", "False"]
+    assert json.loads(out.stdout) == [["0", "1", "2"], 3, False]
 
 
 def test_cuda_visible_devices_wins_over_the_driver_count(monkeypatch):
@@ -47,7 +47,7 @@ def test_without_nvml_torch_counts(monkeypatch):
     assert RunEnvironment("torch", "cuda", None).max_world() == expected
 
 
-def test_cases_skip_where_torch_cannot_use_cuda(monkeypatch):
+def test_cases_skip_where_torch_cannot_use_cuda():
     (case, *_) = expand(load_scenario(ROOT / "scenarios" / "smoke.yaml"), "torch")
     e = RunEnvironment("torch", "cuda", None)
     e._cuda_usable = False  # a CPU-only torch on a host whose driver sees GPUs

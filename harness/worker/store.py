@@ -49,7 +49,7 @@ def agent_store(world_size: int, setup: timedelta):
 
 
 def _attempt(host: str, port: int, world_size: int, timeout_s: float):
-    """(a TCPStore client, None) or (None, why) within ``timeout_s`` (+ a little)."""
+    """(a TCPStore client, "") or (None, why) within ``timeout_s`` (+ a little)."""
     import torch.distributed as dist
     out: dict = {}
 
