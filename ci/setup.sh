@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: a .venv with CPU torch 2.13.0 and the harness installed
 # editable (its pytest plugin registers through the pytest11 entry point). Idempotent.
-# The install goes through uv (on the 2-core CI VM ~8 s instead of pip's ~56 s, most of which
-# compiled bytecode for every module of torch and the rest: reports/bench/README.md), handed
-# pip's own index, find-links and certificate settings and the same constraints; if uv cannot be
-# installed or fails, pip installs as it always did. Bytecode is written on first import, or,
-# where PYTHONDONTWRITEBYTECODE forbids that, into the harness's own cache (harness/bytecode.py),
-# which the import check below uses too.
+# The install goes through uv, handed pip's own index, find-links and certificate settings and
+# the same constraints; if uv cannot be installed or fails, pip installs as it always did. Both
+# compile every installed module's bytecode at install time (uv --compile-bytecode; pip does by
+# default): every process of a run imports torch, and where PYTHONDONTWRITEBYTECODE is set (as
+# on the CI VM) an install without bytecode recompiles torch in each of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,7 +17,7 @@ pip_setting() {  # $1: pip's environment variable, $2: its config key; the value
 }
 
 uv_install() {  # uv pip install "$@" with pip's settings (best version over all indexes, as pip)
-  local args=(--python "$VPY" --index-strategy unsafe-best-match -q) v
+  local args=(--python "$VPY" --index-strategy unsafe-best-match --compile-bytecode -q) v
   v=$(pip_setting PIP_INDEX_URL index-url); [ -z "$v" ] || args+=(--index-url "$v")
   for v in $(pip_setting PIP_EXTRA_INDEX_URL extra-index-url); do args+=(--extra-index-url "$v"); done
   for v in $(pip_setting PIP_FIND_LINKS find-links); do args+=(--find-links "$v"); done
@@ -26,7 +25,7 @@ uv_install() {  # uv pip install "$@" with pip's settings (best version over all
   "$VPY" -m pip install -q uv && "$VPY" -m uv pip install "${args[@]}" "$@"
 }
 
-CHECK="import harness.bytecode as b; b.use_here(); import harness, torch, pandas, pyarrow, xdist"
+CHECK="import harness, torch, pandas, pyarrow, xdist"
 if ! "$VPY" -c "$CHECK" 2>/dev/null; then
   if ! uv_install -c ci/constraints-cpu.txt -e '.[test]'; then
     echo "uv could not install the harness; installing with pip"

@@ -13,18 +13,11 @@ logic under ``harness/`` and append a :class:`harness.report.cli.Command` to ``C
 
 from __future__ import annotations
 
-from . import bytecode
-
-# before pandas / matplotlib / torch are imported: the harness's bytecode cache where none can be
-# written beside the sources (harness/bytecode.py)
-bytecode.use_here()
-
 import argparse
 import sys
 
-from . import bench, rejudge
-from .calibration import command as calibration_command
-from .report import cli
+from harness.calibration import command as calibration_command
+from harness.report import bench, cli, rejudge
 
 COMMANDS: list[cli.Command] = [
     *cli.COMMANDS,

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import procs
+from harness.launch import procs
 
 
 class Sampler:

@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import bytecode
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -18,11 +16,8 @@ def pytest_argv(*args: str) -> list[str]:
 
 
 def harness_env() -> dict:
-    """This environment with the harness importable, and the harness's bytecode cache where
-    bytecode cannot sit beside the sources (harness/bytecode.py): a test's own Python that
-    imports torch would compile it from source otherwise (~10 s a process on 2 cores in a
-    fresh CI clone, whose torch has no ``__pycache__``)."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), **bytecode.worker_env(dict(os.environ))}
+    """This environment with the harness importable."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def run_pytest(cwd, *args: str, timeout: float = 600) -> tuple[int, str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix import expand
-from harness.spec import ScenarioError, load_scenario
+from harness.spec.matrix import expand
+from harness.spec.scenario import ScenarioError, load_scenario
 
 pytest_plugins = ["pytester"]
 
@@ -159,8 +159,8 @@ def test_good_options_pass(pytester):
 
 # --- a report dir that fails at the end: the summary still prints, the work dir goes -----------
 FAKE_LAUNCHES = """
-import harness.launcher as launcher
-from harness.launcher import TaskResult
+import harness.launch.launcher as launcher
+from harness.launch.launcher import TaskResult
 
 _real = launcher.Launcher.run_lane
 

@@ -6,9 +6,10 @@ import textwrap
 
 import pytest
 
-from harness import registry, verdict
-from harness.items import new_vs_clean_rows
-from harness.matrix import Case
+from harness.plugin.items import new_vs_clean_rows
+from harness.spec.matrix import Case
+from harness.verdict import judge as verdict
+from harness.verdict import registry
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard", "mutation"}
 

@@ -9,12 +9,12 @@ import os
 import signal
 
 import pytest
-
-from harness.launcher import Launcher
-from harness.matrix import expand
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
 from proc_sampler import Sampler
+
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 SCENARIO = """\
 name: ckpt_faults

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from harness.matrix import expand
-from harness.spec import load_scenario
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,17 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import gpu
-from harness.environment import RunEnvironment
-from harness.matrix import expand
-from harness.spec import load_scenario
+from harness.launch import gpu
+from harness.plugin.environment import RunEnvironment
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_counting_through_nvml_imports_no_torch():
-    code = ("import json, sys; import harness.gpu as g; g.nvml_device_count = lambda: 3\n"
-            "from harness.environment import RunEnvironment\n"
+    code = ("import json, sys; import harness.launch.gpu as g; g.nvml_device_count = lambda: 3\n"
+            "from harness.plugin.environment import RunEnvironment\n"
             "e = RunEnvironment('torch', 'cuda', None)\n"
             "print(json.dumps([e.visible_gpus(), e.max_world(), 'torch' in sys.modules]))")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}

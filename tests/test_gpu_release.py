@@ -3,10 +3,10 @@ bounded wait, and the launcher recording what is still held -- on CPU, with a fa
 
 import subprocess
 import sys
+import types
 
-from harness import gpu, procs
-from harness.launch import end_processes
-from harness.launcher import Launch, Launcher
+from harness.launch import gpu, procs
+from harness.launch.ending import end_processes
 
 # the format nvidia-smi prints (seen on 2x H200: "680, 1030" for a process holding 1 GiB)
 SMI = """\
@@ -45,17 +45,16 @@ def test_launcher_on_cuda_waits_for_the_launch_pids_and_records_held_memory(tmp_
     tag = procs.new_tag("gpu-test")
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                              env={procs.TAG_VAR: tag}, start_new_session=True)
-    def ended(launcher, agents, tag, d, plan):
-        launch = Launch.__new__(Launch)  # only what end_processes reads
-        launch.l, launch.agents, launch.tag, launch.d, launch.plan_path, launch.tmp = \
-            launcher, agents, tag, d, plan, None
+    def ended(device, agents, tag, d, plan):  # only what end_processes reads
+        launch = types.SimpleNamespace(
+            settings=types.SimpleNamespace(device=device, gentle_stop=False), agents=agents,
+            tag=tag, d=d, plan_path=plan, tmp=None)
         return end_processes(launch)
 
-    launcher = Launcher(tmp_path, "te", "cuda")
     (tmp_path / "progress").mkdir()
-    out = ended(launcher, [agent], tag, tmp_path, tmp_path / "plan.json")
+    out = ended("cuda", [agent], tag, tmp_path, tmp_path / "plan.json")
     assert agent.poll() is not None  # killed and reaped
     assert out["gpu_held"] == ["pid 42 holds 9 MiB"] and out["leaked"] == []
     assert agent.pid in asked[0]
-    cpu = ended(Launcher(tmp_path, "torch", "cpu"), [], tag, tmp_path, tmp_path / "p")
+    cpu = ended("cpu", [], tag, tmp_path, tmp_path / "p")
     assert cpu == dict(killed=0, leaked=[], gpu_held=[]) and len(asked) == 1  # CPU never asks

@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from harness import results
 from harness.__main__ import main
 from harness.report import history
+from harness.results import write as results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "report"))
 from synth_history import A, make_case, write_run  # noqa: E402

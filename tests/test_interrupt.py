@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from harness.report import history
 from proc_sampler import Sampler
 from subprocs import harness_env, pytest_argv
+
+from harness.report import history
 
 STOP_BOUND_S = 20.0
 

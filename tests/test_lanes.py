@@ -7,10 +7,10 @@ import threading
 import time
 from pathlib import Path
 
-from harness.matrix import expand
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
-from harness.tasks import TaskResult
+from harness.launch.scheduler import Scheduler
+from harness.launch.tasks import TaskResult
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ class FakeLauncher:
 
     def __init__(self, slots=1, crash=(), no_checkpoint=()):
         self._stop = threading.Event()
-        self.salvaged, self.on_record = {}, []
+        self.on_record = []
         self.n_slots, self.crash, self.no_checkpoint = slots, set(crash), set(no_checkpoint)
         self.launches: list[tuple[int, dict, list[str]]] = []  # (world, slot env, tasks run)
         self.lock = threading.Lock()
@@ -32,9 +32,6 @@ class FakeLauncher:
 
     def stop(self):
         self._stop.set()
-
-    def close(self):  # the scheduler's shutdown ends the launcher's agent servers
-        self.closed = True
 
     def _result(self, t):
         rows = []
@@ -52,9 +49,9 @@ class FakeLauncher:
         with self.lock:
             self.busy -= 1
 
-    def run_lane(self, source, world, env):
+    def run_lane(self, feed, world, env):
         while True:
-            tasks = source.first()
+            tasks = feed.wait(self._stop)
             if not tasks:
                 return
             ran, queue, crashed = [], list(tasks), False
@@ -67,14 +64,14 @@ class FakeLauncher:
                     self.order.append(t.name)
                     if t.name in self.crash:
                         self.crash.discard(t.name)
-                        source.finished({t.name: TaskResult(t.name, "crash")})
+                        feed.finished({t.name: TaskResult(t.name, "crash")})
                         self._leave()
                         crashed = True
                         break
                     time.sleep(0.002)
-                    source.finished({t.name: self._result(t)})
+                    feed.finished({t.name: self._result(t)})
                     self._leave()
-                more = source.more(None)
+                more = feed.poll()
                 if more:
                     queue += more
                 elif more is None and not queue:
@@ -82,7 +79,7 @@ class FakeLauncher:
                 elif not queue:
                     time.sleep(0.005)
             if crashed:
-                source.requeue(queue)
+                feed.requeue(queue)
 
 
 def _cases():

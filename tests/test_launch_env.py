@@ -1,19 +1,17 @@
 """What a launch's plan and environment carry for the ranks' start-up costs (no processes):
 DCP's stager is started up front when the launch may run an async_process save, also when
-its tasks come through the feed; the ranks share TorchInductor's caches across launches; a
-forked rank's agent imports the backend's library."""
+its tasks come through the feed; the ranks share TorchInductor's caches across launches."""
 
 import json
 from pathlib import Path
 
-from harness import inductor_cache, launch_dir
-from harness.execution import Execution
-from harness.fork_agent import PRELOAD_BACKEND_VAR
-from harness.launch import Launch, _env
-from harness.launch_dir import stager_worlds
-from harness.launcher import Launcher, Task
-from harness.matrix import expand
-from harness.spec import load_scenario
+from harness.launch import inductor_cache, launch_dir
+from harness.launch.feed import FixedFeed
+from harness.launch.launch import Launch
+from harness.launch.launch_dir import stager_worlds
+from harness.launch.launcher import Launcher, Task
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +24,14 @@ def _plan(launch: Launch) -> dict:
     return json.loads(launch.plan_path.read_text())
 
 
+def _launch(launcher: Launcher, tasks: list, world_size: int, timeout_s: float = 60.0) -> Launch:
+    """A launch as the launcher makes it (not started): ``tasks`` in its plan, a feed whose
+    tasks may have cases of up to ``timeout_s``."""
+    feed = FixedFeed([])
+    feed.timeout_s = timeout_s
+    return launcher._launch(tasks, world_size, {}, feed, retry_start=True)
+
+
 def test_the_stager_starts_up_front_for_fed_async_process_cases(tmp_path):
     cases = [c for c in _cases()  # async_process saves on world 4 only
              if not (c.ax["dcp"] == "async_process" and c.mesh.world_size == 2)]
@@ -35,14 +41,14 @@ def test_the_stager_starts_up_front_for_fed_async_process_cases(tmp_path):
     launcher = Launcher(tmp_path, "torch", "cpu")
     launcher.stager_worlds |= stager_worlds(cases)
     assert launcher.stager_worlds == asyncs
-    # an early launch has no task in its plan: the run's cases decide
-    assert _plan(Launch(launcher, [], min(asyncs), {}, timeout_s=60, early=True))["stager"]
-    assert not _plan(Launch(launcher, [], min(others), {}, timeout_s=60, early=True))["stager"]
+    # a launch whose tasks all come through its feed: the run's cases decide
+    assert _plan(_launch(launcher, [], min(asyncs)))["stager"]
+    assert not _plan(_launch(launcher, [], min(others)))["stager"]
     # a plan's own async_process task decides too
     case = next(c for c in cases if c.ax["dcp"] == "async_process")
     task = Task(f"{case.key}.train", case, "train", tmp_path / "ckpt")
-    assert _plan(Launch(Launcher(tmp_path / "b", "torch", "cpu"), [task],
-                        case.mesh.world_size, {}))["stager"]
+    assert _plan(_launch(Launcher(tmp_path / "b", "torch", "cpu"), [task],
+                         case.mesh.world_size))["stager"]
     d = tmp_path / "plain"
     d.mkdir()
     sync = next(c for c in cases if c.ax["dcp"] == "sync")
@@ -60,18 +66,13 @@ def test_inductor_caches_outlive_a_launch_unless_the_user_chose(tmp_path):
     assert inductor_cache.worker_env(mine) == {}
 
 
-def test_a_launch_environment_carries_the_caches_and_the_backend_to_preload(tmp_path):
-    fork = Launcher(tmp_path / "f", "reference", "cpu", rank_start="fork", agent_server=False)
-    launch = Launch(fork, [], 2, {}, timeout_s=60, early=True)
+def test_a_launch_environment_carries_the_caches(tmp_path):
+    launch = _launch(Launcher(tmp_path / "f", "reference", "cpu"), [], 2)
     launch.tmp = str(tmp_path / "tmp")  # the launch's own TMPDIR (made when it starts)
-    env = _env(launch)
-    assert env[PRELOAD_BACKEND_VAR] == "reference"
+    env = launch._env()
+    assert env["TMPDIR"] == launch.tmp
     assert env["TORCHINDUCTOR_CACHE_DIR"] and not env["TORCHINDUCTOR_CACHE_DIR"].startswith(
         launch.tmp)
-    fresh = Launcher(tmp_path / "r", "reference", "cpu", rank_start="fresh")
-    launch = Launch(fresh, [], 2, {}, timeout_s=60, early=True)
-    launch.tmp = str(tmp_path / "tmp2")
-    assert PRELOAD_BACKEND_VAR not in _env(launch)
 
 
 def test_fed_launches_start_the_stager_up_front_on_gpu_hosts_only(tmp_path):
@@ -80,7 +81,6 @@ def test_fed_launches_start_the_stager_up_front_on_gpu_hosts_only(tmp_path):
     cases = _cases()
     assert stager_worlds(cases)  # smoke has async_process cases
     for device, expected in (("cuda", stager_worlds(cases)), ("cpu", set())):
-        ex = Execution("t", str(tmp_path / device))
-        ex.launcher = Launcher(tmp_path / device / "l", "torch", device, agent_server=False)
-        ex._expect(cases)
-        assert ex.launcher.stager_worlds == expected
+        launcher = Launcher(tmp_path / device / "l", "torch", device)
+        launcher.expect(cases)
+        assert launcher.stager_worlds == expected

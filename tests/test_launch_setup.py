@@ -15,9 +15,9 @@ import json
 
 import pytest
 
-from harness.launcher import Launcher, Task
-from harness.matrix import expand
-from harness.spec import load_scenario
+from harness.launch.launcher import Launcher, Task
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 SCENARIO = """\
 name: late_rank
@@ -39,7 +39,7 @@ def _launcher_with_site(tmp_path, sitecustomize: str) -> Launcher:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(sitecustomize)
-    return Launcher(tmp_path / "launches", "torch", "cpu", rank_start="fresh",
+    return Launcher(tmp_path / "launches", "torch", "cpu",
                     env={"PYTHONPATH": str(site)})
 
 
@@ -111,7 +111,7 @@ class _Lines:
 
 
 def test_the_terminal_names_launches_that_ran_again():
-    from harness import run_record
+    from harness.results import run_record
     rec = dict(name="L001", world_size=2, started=0.0, ended=5.0, phases={})
     tr = _Lines()
     run_record._launches(tr, [{**rec, "start_failed": "retried"},

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from subprocs import run_pytest
 
 from harness import backends
 from harness.backends import layout
 from harness.backends.te_backend import TEBackend
-from harness.matrix import expand
-from harness.mesh import parse_mesh
 from harness.reference.codecs import QuantizedLayoutError
 from harness.reference.quantizers import WeightQuantizer
-from harness.spec import load_scenario
-from subprocs import run_pytest
+from harness.spec.matrix import expand
+from harness.spec.mesh import parse_mesh
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 import yaml
 
-from harness.matrix import Case, expand
-from harness.spec import load_scenario
+from harness.spec.matrix import Case, expand
+from harness.spec.scenario import load_scenario
 
 DOC = dict(
     name="m",

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.mesh import MeshError, parse_mesh
+from harness.spec.mesh import MeshError, parse_mesh
 
 
 @pytest.mark.parametrize("text, world, dims", [

@@ -6,12 +6,12 @@ factory (no launch)."""
 from pathlib import Path
 
 import pytest
-
-from harness.launcher import Launcher
-from harness.matrix import expand
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
 from subprocs import run_pytest
+
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 import yaml
 
-from harness import catalog, models
-from harness.matrix import Case, expand
-from harness.spec import ModelDims, ScenarioError, load_scenario
-from harness.worker import data, modules, parallel
+from harness.distributed import data, modules, parallel
+from harness.plugin import model_check
+from harness.spec import catalog, models
+from harness.spec.matrix import Case, expand
+from harness.spec.scenario import ModelDims, ScenarioError, load_scenario
 
 FACTORIES = '''
 import torch
@@ -160,7 +161,7 @@ def _case(tmp_path, factory, tp_plan=None, task="regression"):
 
 def test_probe_accepts_a_good_factory(tmp_path, factories):
     case = _case(tmp_path, "byo_factories:build", "byo_factories:plan")
-    models.probe(case.model_ref, case, "torch", "cpu", needs_tp=True)
+    model_check.probe(case.model_ref, case, "torch", "cpu", needs_tp=True)
 
 
 @pytest.mark.parametrize("factory, tp_plan, message", [
@@ -181,7 +182,7 @@ def test_probe_names_what_is_wrong_with_the_factory(tmp_path, factories, factory
                                                     message):
     case = _case(tmp_path, factory, tp_plan)
     with pytest.raises(models.ModelError) as e:
-        models.probe(case.model_ref, case, "torch", "cpu", needs_tp=True)
+        model_check.probe(case.model_ref, case, "torch", "cpu", needs_tp=True)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -189,7 +190,7 @@ def test_a_next_token_factory_must_return_logits(tmp_path, factories):
     case = _case(tmp_path, "byo_factories:build", task="next_token")
     with pytest.raises(models.ModelError, match="the model's forward raised .* on the "
                                                 "'next_token' task's input int64 token ids"):
-        models.probe(case.model_ref, case, "torch", "cpu", needs_tp=False)
+        model_check.probe(case.model_ref, case, "torch", "cpu", needs_tp=False)
 
 
 def test_tasks_keep_the_regression_data_and_shift_tokens():
@@ -230,7 +231,7 @@ def test_retie_restores_a_tie_that_was_broken():
 
 
 def test_reference_llama_stack_maps_every_canonical_name():
-    from harness.reference import modules as ref
+    from harness.reference import build as ref
     d = ModelDims(hidden=32, ffn=64, heads=4, layers=2, vocab=40)
     m = ref.build_meta("LlamaStack", d, ref.Env("mxfp8", ref.TP()))
     canonical = modules.build("LlamaStack", d, seed=1).state_dict()
@@ -248,7 +249,7 @@ def test_the_example_model_passes_its_load_time_checks():
     sys.path.insert(0, str(root))
     try:
         for case in expand(spec):
-            models.probe(case.model_ref, case, "torch", "cpu", needs_tp=case.mesh.tp > 1)
+            model_check.probe(case.model_ref, case, "torch", "cpu", needs_tp=case.mesh.tp > 1)
     finally:
         sys.path.remove(str(root))
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher import Launcher
-from harness.matrix import expand
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Fixes / mutants table: caught, survived (a blind check) or ineffective."""
 
-from harness import mutation_score
+from harness.verdict import mutation_score
 
 
 def case(cid, switch, value, outcome, rows, **ax):

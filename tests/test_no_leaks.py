@@ -21,13 +21,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from harness import launch, procs
-from harness.launcher import Launcher
-from harness.matrix import expand
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
 from proc_sampler import Sampler
+
+from harness.launch import ending, launch, procs
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,16 +49,12 @@ timeout_s: 15
 
 
 def _kind(pid: int, cmdline: str, sampler: Sampler) -> str:
-    """A rank forked by harness.fork_agent has its agent's command line and a name of its own;
-    one that ended between two samples is known from the pid it wrote. An agent forked by the
-    agent server has the server's command line and torchrun's name for its agent."""
+    """A rank names itself; one that ended between two samples is known from the pid it
+    wrote."""
     words, name = cmdline.split(), sampler.names.get(pid, "")
     if pid in sampler.ranks or name.startswith("harness-rank"):
         return "rank"
-    if name == "harness-agents":
-        return "agent server"
-    if "torch.distributed.run" in words or "harness.fork_agent" in words or \
-            name in ("harness-agent", "pt_elastic"):
+    if "torch.distributed.run" in words or name == "pt_elastic":
         return "torchrun"
     if "harness.worker" in words:
         return "rank"
@@ -66,8 +62,7 @@ def _kind(pid: int, cmdline: str, sampler: Sampler) -> str:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("rank_start", ["fork", "fresh"])
-def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, rank_start):
+def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request):
     # this process's and the launches' temporary directory (short: Unix sockets are made in it)
     systmp = Path(tempfile.mkdtemp(prefix="leaks-"))
     request.addfinalizer(lambda: shutil.rmtree(systmp, ignore_errors=True))
@@ -75,7 +70,7 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, ra
     monkeypatch.setattr(tempfile, "tempdir", str(systmp))
     (tmp_path / "leaks.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp_path / "leaks.yaml"), "torch")
-    launcher = Launcher(tmp_path / "launches", "torch", "cpu", rank_start=rank_start)
+    launcher = Launcher(tmp_path / "launches", "torch", "cpu")
     # three lanes at once (a scope each): the hang's timeout overlaps the other two launches
     scope = lambda c: "async" if c.ax["dcp"] == "async_process" else c.ax["fault"]  # noqa: E731
     with Sampler(tmp_path / "launches") as sampler, \
@@ -89,8 +84,6 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, ra
     kinds = Counter(_kind(p, c, sampler) for p, c in sampler.seen.items())
     kinds["rank"] += len(sampler.ranks - set(sampler.seen))
     assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
-    # forked ranks: their agents forked by one agent server (harness/agent_server.py)
-    assert kinds["agent server"] == (1 if rank_start == "fork" else 0), sampler.names
     assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
     survivors = sampler.survivors()
     for pid in survivors:  # never leave them running, even when the test fails
@@ -98,19 +91,18 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, ra
     assert survivors == {}
     assert all(r.leaked == [] for r in launcher.records), [r.leaked for r in launcher.records]
     hang = next(r for r in launcher.records if r.timed_out)
-    if rank_start == "fresh":  # forked ranks share their agent's process group: killed with it
-        assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
+    assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
     assert sorted(p.name for p in systmp.iterdir()) == []  # no temporary file left behind
 
 
 def _start_tethered_tree(tmp_path, tag):
-    """A parent process that starts ``python -m harness.tethered --parent <it> ...`` running a
+    """A parent process that starts ``python -m harness.launch.tethered --parent <it> ...`` running a
     child that sleeps; returns the parent Popen (the child's pid is in tmp_path/child)."""
     child = (f"import os, time; open({str(tmp_path / 'child')!r}, 'w').write(str(os.getpid()));"
              " time.sleep(600)")
     parent = (
         "import os, subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-m', 'harness.tethered', '--parent', "
+        f"subprocess.Popen([sys.executable, '-m', 'harness.launch.tethered', '--parent', "
         f"str(os.getpid()), 'runpy_child'], env={{**os.environ, 'PYTHONPATH': {str(tmp_path)!r}"
         f" + os.pathsep + {str(ROOT)!r}, {procs.TAG_VAR!r}: {tag!r}}})\n"
         "time.sleep(600)\n")
@@ -170,16 +162,16 @@ def test_scratch_dir_fits_unix_sockets(monkeypatch, tmp_path):
     assert launch.scratch_parent() == "/tmp"
 
 
-def test_an_agent_not_yet_leading_its_group_is_killed_by_pid(tmp_path):
-    """An agent the server forked a moment ago may not have made its own session yet: a kill
-    of its group misses it, so the launch's end kills it by pid too. Here: a child in this
-    test's own process group, which is never signalled as a group."""
+def test_an_agent_still_running_is_killed_by_pid(tmp_path):
+    """An agent still running at the launch's end is killed by pid, not only as a process
+    group: here a child in this test's own process group, which is never signalled as a
+    group."""
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     plain = types.SimpleNamespace
-    stub = plain(agents=[agent], l=plain(node_launcher=None, device="cpu"), d=tmp_path,
+    stub = plain(agents=[agent], settings=plain(gentle_stop=False, device="cpu"), d=tmp_path,
                  plan_path=tmp_path / "plan.json", tag=procs.new_tag("agent-test"), tmp=None)
     try:
-        cleanup = launch.end_processes(stub)
+        cleanup = ending.end_processes(stub)
         assert agent.poll() == -signal.SIGKILL and cleanup["leaked"] == []
     finally:
         if agent.poll() is None:

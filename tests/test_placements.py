@@ -8,9 +8,9 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from harness.mesh import parse_mesh
-from harness.spec import ModelDims
-from harness.worker import modules, parallel
+from harness.distributed import modules, parallel
+from harness.spec.mesh import parse_mesh
+from harness.spec.scenario import ModelDims
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_meta_built_model_is_materialized_and_stays_tied(fake_world):
     ``nn.Embedding`` behind a tied head) gets storage, and the tie survives. Left on meta,
     ``set_model_state_dict`` would assign every tensor (quantized params replaced, ties cut)."""
     from harness.backends.te_backend import materialize
-    from harness.worker.llama_stack import LlamaStack
+    from harness.distributed.modules import LlamaStack
     fake_world(2)
     spec = parse_mesh("dp2")
     with torch.device("meta"):

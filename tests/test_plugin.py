@@ -2,7 +2,6 @@
 
 import pandas as pd
 import pytest
-
 from subprocs import run_pytest
 
 SCENARIO = """\

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from harness.backends import get
-from harness.matrix import expand
-from harness.spec import load_scenario
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 from harness.worker import reference_cache
 
 

@@ -3,10 +3,10 @@ import textwrap
 import pytest
 import yaml
 
-from harness import registry
-from harness.matrix import expand
-from harness.registry import RegistryError
-from harness.spec import load_scenario
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+from harness.verdict import registry
+from harness.verdict.registry import RegistryError
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard", "fixes"}
 ENV = {"torch": "2.13.0", "te": "2.20.2", "capability": "9.0", "device": "cuda"}
@@ -177,7 +177,8 @@ def test_missing_file_is_empty(tmp_path):
 def test_shipped_registry_loads():
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    r = registry.load(root / "scenarios" / "xfails.yaml", AXES | set(__import__("harness.catalog").catalog.EXTRA_AXES))
+    from harness.spec import catalog
+    r = registry.load(root / "scenarios" / "xfails.yaml", AXES | set(catalog.EXTRA_AXES))
     for e in r.entries:
         assert e.reason and e.link, f"{e.label} needs a reason and a link"
 

@@ -5,7 +5,8 @@ import textwrap
 
 import pandas as pd
 
-from harness import registry, rejudge
+from harness.report import rejudge
+from harness.verdict import registry
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
 

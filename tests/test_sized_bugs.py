@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher import Launcher
-from harness.matrix import expand
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
 
 pytestmark = pytest.mark.integration
 RECIPES = ["fp32", "bf16", "delayed", "current", "block", "mxfp8", "nvfp4"]

@@ -5,8 +5,8 @@ allowed."""
 import pytest
 import yaml
 
-from harness.matrix import expand
-from harness.spec import ScenarioError, load_scenario, scenario_paths
+from harness.spec.matrix import expand
+from harness.spec.scenario import ScenarioError, load_scenario, scenario_paths
 
 BASE = dict(
     name="t",

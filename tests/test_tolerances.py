@@ -3,10 +3,9 @@ import math
 import pytest
 import torch
 
-from harness import tolerances
+from harness.calibration import tolerances
+from harness.calibration.tolerances import BITWISE, MissingTolerance, Tolerance
 from harness.checks.compare import compare
-from harness.tolerances import BITWISE, MissingTolerance, Tolerance
-
 
 # (check, quantity, recipe, loss, metric) -> measurement
 MEASURED = {
@@ -36,7 +35,7 @@ def test_a_max_abs_limit_that_cannot_trip_is_dropped():
 
 def test_shipped_calibration_covers_every_calibrated_quantity():
     from harness.calibration.derive import CALIBRATED
-    from harness.catalog import RECIPES, TASK_LOSS
+    from harness.spec.catalog import RECIPES, TASK_LOSS
     for loss in set(TASK_LOSS.values()):
         for recipe in RECIPES:
             for check, quantity in CALIBRATED:
@@ -63,8 +62,8 @@ def test_tolerances_are_calibrated_per_loss():
     groups by the loss of each case's module, and a case looks its loss up."""
     import pandas as pd
 
-    from harness import catalog
     from harness.calibration import derive
+    from harness.spec import catalog
 
     def row(module, value, metric):
         return dict(scenario="calibration", case_id=f"c-{module}-{value}", check="fp32_parity",

@@ -2,7 +2,8 @@
 
 import textwrap
 
-from harness import registry, verdict
+from harness.verdict import judge as verdict
+from harness.verdict import registry
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
 

@@ -5,7 +5,7 @@ The harness imports ``build`` and ``plan`` by the import paths in ``my_model.yam
 ``build(ctx)``        returns the whole (unsharded) model for ``ctx.dims`` on ``ctx.device``;
                       the harness calls it on every rank under the same seed, and once more
                       (``ctx.mesh is None``, ``ctx.recipe == "fp32"``) for the single-process FP32
-                      reference. ``ctx`` is ``harness.models.ModelContext``.
+                      reference. ``ctx`` is ``harness.spec.models.ModelContext``.
 ``plan(model, ctx)``  how tensor parallelism shards it: a ``parallelize_module`` plan
                       {submodule name: ParallelStyle}, applied on ``ctx.tp_mesh`` (TP meshes only).
 ``fsdp_units()``      (optional, on the model) the submodules FSDP2 shards as units of their

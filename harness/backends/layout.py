@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..mesh import MeshSpec
+from harness.spec.mesh import MeshSpec
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def skip_reason(case, weights: list[Weight], blocks: Blocks | None) -> str | Non
 # --- reference backend: its modules' GEMM weights, its codecs' block factors --------------
 def reference_weights(module: str, dims) -> list[Weight]:
     """The quantized (GEMM) weights of a reference module, as ``modules.py`` declares them."""
-    from ..reference import modules as ref
+    from harness.reference import build as ref
     layer = [("self_attention.", ref.MultiheadAttention), ("layernorm_mlp.", ref.LayerNormMLP)]
     if module == "LlamaStack":  # every layer alike; the embedding and tied head stay unquantized
         parts = [(f"layers.0.{p}", cls) for p, cls in layer]
@@ -98,7 +98,7 @@ def reference_weights(module: str, dims) -> list[Weight]:
 
 def reference_blocks(recipe: str) -> Blocks | None:
     """Block sizes of the reference weight codec of ``recipe`` (lcm of its parts' factors)."""
-    from ..reference.quantizers import WEIGHT_CODEC
+    from harness.reference.quantizers import WEIGHT_CODEC
     codec = WEIGHT_CODEC.get(recipe)
     if codec is None:
         return None

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .. import catalog
-from ..mesh import TP as TP_DIM
-from .torch_backend import TorchBackend
+from harness.backends.torch_backend import TorchBackend
+from harness.spec import catalog
+from harness.spec.mesh import TP as TP_DIM
 
 
 class ReferenceBackend(TorchBackend):
@@ -26,14 +26,15 @@ class ReferenceBackend(TorchBackend):
                         f"layers; the reference backend quantizes only its own TE-style modules "
                         f"(a factory's model runs fp32 and bf16 here)")
             return None
-        from . import layout
+        from harness.backends import layout
         return layout.skip_reason(case, layout.reference_weights(case.ax["module"], case.model),
                                   layout.reference_blocks(case.recipe))
 
     def build(self, case, mesh, mesh_spec, seed: int, device):
-        from ..reference import fixes, modules as ref
-        from ..worker import modules as canonical_modules
-        from ..worker import parallel
+        from harness.distributed import modules as canonical_modules
+        from harness.distributed import parallel
+        from harness.reference import build as ref
+        from harness.reference import fixes
         fixes.configure(case.ax.get("fixes", "all"))
         if case.model_ref is not None:  # a factory's plain layers: TP by its plan
             return super().build(case, mesh, mesh_spec, seed, device)
@@ -51,18 +52,18 @@ class ReferenceBackend(TorchBackend):
         return ref.materialize(model, canonical, device)
 
     def optimizer(self, model, case):
-        from ..reference.optim import MasterAdam
+        from harness.reference.optim import MasterAdam
         return MasterAdam(model.parameters(), lr=self.lr(case))
 
     def autocast(self, case):
-        from ..reference.linear import autocast
+        from harness.reference.linear import autocast
         return autocast(True)
 
     def canonical_names(self, model) -> dict:
         return model.canonical_names() if hasattr(model, "canonical_names") else {}
 
     def checks(self, case) -> dict:
-        from ..checks import quantized
+        from harness.checks import quantized
         return {**super().checks(case), **quantized.CHECKS}
 
 

@@ -30,8 +30,8 @@ import functools
 
 import torch
 
-from .. import catalog
-from .torch_backend import TorchBackend
+from harness.backends.torch_backend import TorchBackend
+from harness.spec import catalog
 
 RECIPE_CLASS = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
                 "block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling",
@@ -88,7 +88,7 @@ class TEBackend(TorchBackend):
     def layout_skip_reason(case) -> str | None:
         """TE's block-size requirements on the case's weights and meshes (layout.py); no CUDA
         or TE import needed. A factory's model is its own (its layers are unknown here)."""
-        from . import layout
+        from harness.backends import layout
         if case.model_ref is not None:
             return None
         return layout.skip_reason(case, layout.te_weights(case.ax["module"], case.model),
@@ -113,7 +113,7 @@ class TEBackend(TorchBackend):
 
     def make(self, case, device: str, mesh=None, mesh_spec=None, seed: int | None = None):
         """The case's TE module on ``device`` (te_modules.py)."""
-        from .te_modules import make
+        from harness.backends.te_modules import make
         return make(_import()[0], case, self.name, device, mesh, mesh_spec, seed)
 
     def reference_model(self, case, seed: int, device):
@@ -123,10 +123,12 @@ class TEBackend(TorchBackend):
             return self.make(case, str(device), seed=seed)
 
     def build(self, case, mesh, mesh_spec, seed: int, device):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                              set_model_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
 
-        from ..worker import parallel
+        from harness.distributed import parallel
         te, _, _ = _import()
         with te.quantized_model_init(enabled=self.quantized(case), recipe=self.recipe(case)):
             model = self.make(case, "meta", mesh, mesh_spec, seed)
@@ -134,8 +136,8 @@ class TEBackend(TorchBackend):
         if case.model_ref is not None and mesh_spec.tp > 1:  # the factory's plain layers
             from torch.distributed.tensor.parallel import parallelize_module
 
-            from .. import models
-            from ..mesh import TP
+            from harness.spec import models
+            from harness.spec.mesh import TP
             ctx = models.context(case, self.name, seed, "meta", mesh, mesh_spec)
             parallelize_module(model, mesh[TP], models.tp_plan(case.model_ref, model, ctx))
             parallel.retie(model, ties)
@@ -182,7 +184,7 @@ class TEBackend(TorchBackend):
         in process-global buffers keyed by autocast, so a case must not depend on which
         cases ran before it), and the case's TE mutant (axis ``mutation``) patched in for the
         case's duration."""
-        from . import te_mutations
+        from harness.backends import te_mutations
         _reset_global_state()
         try:
             with te_mutations.applied(case.ax.get("mutation", "none")):
@@ -197,7 +199,7 @@ class TEBackend(TorchBackend):
         return te.autocast(enabled=True, recipe=self.recipe(case))
 
     def checks(self, case) -> dict:
-        from ..checks import te_checks
+        from harness.checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
 
 

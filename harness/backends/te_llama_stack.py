@@ -27,6 +27,7 @@ class TELlamaStack(nn.Module):
     def __init__(self, te, d, device, tp_mesh=None):
         super().__init__()
         self.tp_mesh = tp_mesh
+        self._autocast = te.autocast  # the head runs outside the recipe
         common = dict(params_dtype=torch.float32, device=device)
         tp = {}
         if tp_mesh is not None:
@@ -48,7 +49,10 @@ class TELlamaStack(nn.Module):
                                      **({"parallel_mode": "column", **tp} if tp else {}), **common)
         if tp_mesh is not None:
             from torch.distributed.tensor import Replicate
-            from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+            from torch.distributed.tensor.parallel import (
+                RowwiseParallel,
+                parallelize_module,
+            )
             parallelize_module(self.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
             for layer in self.layers:
                 layer.set_device_mesh(tp_mesh=tp_mesh)
@@ -58,9 +62,7 @@ class TELlamaStack(nn.Module):
         h = self.embed(ids)
         for layer in self.layers:
             h = layer(h)
-        from .te_backend import _import
-        te, _, _ = _import()
-        with te.autocast(enabled=False):  # the head (and final norm) stay high precision
+        with self._autocast(enabled=False):  # the head (and final norm) stay high precision
             logits = self.lm_head(self.norm(h))
         if self.tp_mesh is None:
             return logits

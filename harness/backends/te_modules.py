@@ -12,13 +12,13 @@ def make(te, case, backend_name: str, device: str, mesh=None, mesh_spec=None,
     d, kind = case.model, case.ax["module"]
     common = dict(params_dtype=torch.float32, device=device)
     if case.model_ref is not None:
-        from .. import models
+        from harness.spec import models
         seed = case.train.seed if seed is None else seed
         return models.build(case.model_ref, models.context(
             case, backend_name, seed, device, mesh, mesh_spec, reference=mesh is None))
     if kind == "LlamaStack":
-        from ..mesh import TP
-        from .te_llama_stack import TELlamaStack
+        from harness.backends.te_llama_stack import TELlamaStack
+        from harness.spec.mesh import TP
         tp = mesh[TP] if mesh_spec is not None and mesh_spec.tp > 1 else None
         return TELlamaStack(te, d, device, tp)
     if kind == "Linear":

@@ -21,7 +21,9 @@ from torch.distributed.tensor import DTensor
 
 def _classes():
     from transformer_engine.pytorch.quantized_tensor import QuantizedTensor
-    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockwiseQTensor
+    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import (
+        Float8BlockwiseQTensor,
+    )
     from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Tensor
     from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Tensor
@@ -158,7 +160,7 @@ CLEAN = ("none", "rerun", "rerun2")  # TE as installed: the clean case and its r
 
 
 def _consistent() -> None:
-    from .. import catalog
+    from harness.spec import catalog
     assert set(MUTANTS) | set(CLEAN) == set(catalog.MUTATIONS), "catalog.MUTATIONS lists the mutants"
 
 

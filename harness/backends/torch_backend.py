@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-from .. import catalog
+from harness.spec import catalog
 
 
 class TorchBackend:
@@ -31,11 +31,11 @@ class TorchBackend:
 
     # --- worker ---------------------------------------------------------------------------
     def build(self, case, mesh, mesh_spec, seed: int, device):
-        from ..worker import parallel
+        from harness.distributed import parallel
         model, ctx = self.plain_model(case, seed, device, mesh, mesh_spec)
         plan = None
         if ctx is not None and mesh_spec.tp > 1:
-            from .. import models
+            from harness.spec import models
             plan = models.tp_plan(case.model_ref, model, ctx)
         return parallel.parallelize(model, mesh, mesh_spec, case.recipe, plan)
 
@@ -48,15 +48,15 @@ class TorchBackend:
         """The case's whole plain-torch module and the ModelContext its factory got: a built-in
         (``worker/modules.py``, context None) or the factory the module axis names."""
         if case.model_ref is None:
-            from ..worker import modules
+            from harness.distributed import modules
             return modules.build(case.ax["module"], case.model, seed, device), None
-        from .. import models
+        from harness.spec import models
         ctx = models.context(case, self.name, seed, device, mesh, mesh_spec, reference)
         return models.build(case.model_ref, ctx), ctx
 
     def lr(self, case) -> float:
         """The learning rate of the run under test (a sized-bug fault may scale it)."""
-        from ..worker import faults
+        from harness.distributed import faults
         return case.train.lr * faults.run_lr_scale(case)
 
     def optimizer(self, model, case):
@@ -90,7 +90,7 @@ class TorchBackend:
 
     def checks(self, case) -> dict:
         """Checks of the trained model beyond the core ones: name -> callable(run, recorder)."""
-        from ..checks.quantized import optimizer_state_placement
+        from harness.checks.quantized import optimizer_state_placement
         return {"optimizer_state_placement": optimizer_state_placement}
 
 

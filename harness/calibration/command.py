@@ -13,14 +13,14 @@ It reads every history file of the ``calibration`` scenario in the given directo
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 
 import pandas as pd
 
-from . import MEASURED, derive, write
+from harness.calibration import MEASURED, derive, write
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def markdown_table(path: Path = MEASURED) -> str:
     """The README's tolerance table: measured p99, factor, tolerance (max_abs / rel-L2)."""
-    from .. import calibration, tolerances
+    from harness import calibration
+    from harness.calibration import tolerances
     measured = calibration.load(path)
     lines = ["| check / quantity | recipe | loss | n | measured p99 max-abs / rel-L2 | factor | "
              "tolerance max-abs / rel-L2 |", "| --- | --- | --- | --- | --- | --- | --- |"]

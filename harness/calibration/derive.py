@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import catalog
+from harness.spec import catalog
 
 CALIBRATED = {("fp32_parity", "loss"), ("fp32_parity", "grads"), ("fp32_parity", "params"),
               ("fp32_parity", "stored_params"), ("fp32_parity", "update_norms"),

@@ -5,13 +5,13 @@ runner considers them (checks of the trained model first, while it is still the 
 
 from __future__ import annotations
 
-from .base import Check, on_trained
+from harness.checks.base import Check, on_trained
 
 
 def core() -> list[Check]:
     """In the order the runner considers them: tied_weights before the checks that step the
     loaded / resharded run."""
-    from . import export, parity, reshard, roundtrip, tied
+    from harness.checks import export, parity, reshard, roundtrip, tied
     return [parity.CHECK, export.CHECK, tied.TRAIN, roundtrip.ASYNC_EQUIVALENCE,
             roundtrip.DCP_ROUNDTRIP, tied.RESHARD, reshard.CHECK]
 

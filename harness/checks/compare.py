@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..tolerances import Tolerance
+from harness.calibration.tolerances import Tolerance
 
 
 @dataclass

@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from .. import tolerances
-from .base import Check
+from harness.calibration import tolerances
+from harness.checks.base import Check
 
 # relative rounding of one quantization of a weight (unit roundoff of the element format; NVFP4
 # adds the rounding of its E4M3 block scale)

@@ -19,8 +19,9 @@ import math
 
 import torch
 
-from .. import catalog, tolerances
-from .base import Check
+from harness.calibration import tolerances
+from harness.checks.base import Check
+from harness.spec import catalog
 
 
 def losses(values) -> dict:

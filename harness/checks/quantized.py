@@ -25,9 +25,9 @@ import io
 import torch
 from torch.distributed.tensor import DTensor
 
-from .. import tolerances
-from ..worker.run import full
-from . import wire
+from harness.calibration import tolerances
+from harness.checks import wire
+from harness.distributed.run import full
 
 
 def _quantized_params(model):
@@ -125,7 +125,7 @@ def record_wire(rec, moved: dict, quantized: list[str]) -> None:
 def _whole_tensor_q(s) -> dict:
     """Quantization parameters for the whole (gathered) master weight: the amax of the whole
     tensor (current, nvfp4) or the scale the shards used (delayed: from the history)."""
-    from ..reference.formats import fp8
+    from harness.reference.formats import fp8
     recipe, master = s["quantizer"].recipe, s["master"]
     if recipe == "current":
         return {"scale": fp8.scale_from_amax(fp8.amax(master), fp8.E4M3)}

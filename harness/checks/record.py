@@ -14,10 +14,10 @@ import contextlib
 import math
 import traceback
 
-from ..tolerances import Tolerance
-from .compare import Comparison, compare
-
-from .outcomes import COVERAGE, FAILED
+from harness.calibration.tolerances import Tolerance
+from harness.checks.compare import Comparison, compare
+from harness.checks.outcomes import COVERAGE, FAILED
+from harness.distributed.checkpoint import describe
 
 
 class Recorder:
@@ -82,23 +82,6 @@ class Recorder:
 
     def failures(self) -> list[dict]:
         return [r for r in self.rows if r["outcome"] in FAILED]
-
-
-def describe(e: BaseException) -> str:
-    """One line for an exception (DCP's CheckpointException: the first rank's cause)."""
-    last = traceback.format_exception_only(type(e), e)[-1].strip()
-    if type(e).__name__ == "CheckpointException":
-        last = f"CheckpointException on ranks {sorted(e.failures)}: {_first_cause(e)}"
-    return last[:2000]
-
-
-def _first_cause(e) -> str:
-    """DCP wraps each rank's failure: surface the first rank's underlying error message."""
-    failures = getattr(e, "failures", None) or {}
-    for _, err in sorted(failures.items()):
-        exc = err[0] if isinstance(err, tuple) else err
-        return traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return ""
 
 
 def merge(per_rank: list[list[dict]]) -> list[dict]:

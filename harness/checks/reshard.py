@@ -8,10 +8,10 @@ another order, so not bitwise).
 
 from __future__ import annotations
 
-from .. import tolerances
-from ..worker.run import mesh_independent
-from .base import Check
-from .parity import losses, tol
+from harness.calibration import tolerances
+from harness.checks.base import Check
+from harness.checks.parity import losses, tol
+from harness.distributed.run import mesh_independent
 
 
 def reshard(art, rec) -> None:

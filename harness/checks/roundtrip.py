@@ -16,12 +16,12 @@ async_equivalence
 
 from __future__ import annotations
 
-from .. import tolerances
-from ..worker import checkpoint
-from ..worker.producers import _on_rank0
-from ..worker.run import mesh_independent
-from .base import Check
-from .parity import losses
+from harness.calibration import tolerances
+from harness.checks.base import Check
+from harness.checks.parity import losses
+from harness.distributed import checkpoint
+from harness.distributed.gather import on_rank0
+from harness.distributed.run import mesh_independent
 
 BITWISE = tolerances.BITWISE
 
@@ -64,7 +64,7 @@ def async_equivalence(art, rec) -> None:
                     BITWISE)
         rec.compare("async_equivalence", "isolation", content, mesh_independent(saved.state),
                     BITWISE)
-    _on_rank0(art.ctx, compare_files)
+    on_rank0(art.ctx, compare_files)
 
 
 DCP_ROUNDTRIP = Check("dcp_roundtrip", ("loaded", "checkpoint", "continued"), dcp_roundtrip)

@@ -24,10 +24,10 @@ import io
 import torch
 from torch.distributed.tensor import DTensor
 
-from .. import tolerances
-from ..worker.run import full, is_quantized, raw_buffers
-from . import wire
-from .quantized import record_wire, unsharded
+from harness.calibration import tolerances
+from harness.checks import wire
+from harness.checks.quantized import record_wire, unsharded
+from harness.distributed.run import full, is_quantized, raw_buffers
 
 
 def _local(t):
@@ -75,7 +75,7 @@ def _gather_shard_buffers(params) -> dict:
     the shard (rowwise data) or one per block of rows (block scales) to full size, per-tensor
     scalars as one value when every shard agrees (else one per rank, which then differs from
     the gathered tensor's single value). Collective (one object all-gather)."""
-    from ..worker.gather import Gather
+    from harness.distributed.gather import Gather
     g = Gather()
     for n, p in params:
         local = _local(p)

@@ -19,15 +19,15 @@ tie). Yes/no and bitwise: no tolerance.
 
 from __future__ import annotations
 
-from .. import tolerances
-from .base import Check
+from harness.calibration import tolerances
+from harness.checks.base import Check
 
 CHECK_NAME = "tied_weights"
 
 
 def expected_ties(art) -> list[tuple[str, ...]]:
     """Tied groups of the reference build, in canonical names."""
-    from ..worker.parallel import tied_groups
+    from harness.distributed.parallel import tied_groups
     case = art.case
     return tied_groups(art.ctx.backend.reference_model(case, case.train.seed, art.ctx.device))
 
@@ -44,7 +44,7 @@ def tied_weights(art, rec, runs: dict) -> None:
 
 
 def _check_run(art, rec, groups, label: str, run) -> None:
-    from ..worker.run import flatten
+    from harness.distributed.run import flatten
     canon = art.ctx.backend.canonical_names(run.model)
     by_name = {canon.get(n, n): p for n, p in run.model.named_parameters(remove_duplicate=False)}
     missing = [n for g in groups for n in g if n not in by_name]

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import block as blockfmt
-from .formats import fp8, mxfp8, nvfp4
-
+from harness.reference.formats import block as blockfmt
+from harness.reference.formats import fp8, mxfp8, nvfp4
 
 # MXFP8 shared exponents rounded up (amax / 448, TE's choice): no element saturates. The OCP
 # spec's floor(log2(amax)) - 8 can clip a block's largest elements by up to 12.5%.

@@ -19,8 +19,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from .qtensor import QuantizedTensor
-from .quantizers import QuantState, WeightQuantizer, fake_quant
+from harness.reference.qtensor import QuantizedTensor
+from harness.reference.quantizers import QuantState, WeightQuantizer, fake_quant
 
 _ENABLED = [False]
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from ..spec import ModelDims
-from .fixes.tp_dtensor_params import local
-from .linear import copy_to_tp, gather_from_tp, reduce_from_tp
-from .modules import Env, TEModule, TransformerLayer, _vec
+from harness.reference.fixes.tp_dtensor_params import local
+from harness.reference.linear import copy_to_tp, gather_from_tp, reduce_from_tp
+from harness.reference.modules import Env, TEModule, TransformerLayer, _vec
+from harness.spec.scenario import ModelDims
 
 
 class Embedding(TEModule):

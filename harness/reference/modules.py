@@ -19,11 +19,16 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from ..spec import ModelDims
-from .fixes import tp_dtensor_params
-from .fixes.tp_dtensor_params import local
-from .linear import copy_to_tp, gather_from_tp, quantized_linear, reduce_from_tp
-from .quantizers import QuantState, WeightQuantizer
+from harness.reference.fixes import tp_dtensor_params
+from harness.reference.fixes.tp_dtensor_params import local
+from harness.reference.linear import (
+    copy_to_tp,
+    gather_from_tp,
+    quantized_linear,
+    reduce_from_tp,
+)
+from harness.reference.quantizers import QuantState, WeightQuantizer
+from harness.spec.scenario import ModelDims
 
 QUANTIZED = ("delayed", "current", "block", "mxfp8", "nvfp4")
 
@@ -233,27 +238,3 @@ class TransformerLayer(nn.Module):
 
     def fsdp_units(self):
         return [self.self_attention, self.layernorm_mlp]
-
-
-from .llama_stack import LlamaStack  # noqa: E402 - built from the modules above
-
-MODULES = {c.__name__: c for c in (Linear, LayerNormLinear, LayerNormMLP, MultiheadAttention,
-                                    TransformerLayer, LlamaStack)}
-
-
-def build_meta(kind: str, d: ModelDims, env: Env) -> nn.Module:
-    """The module for this rank on the meta device (TE's ``device="meta"`` under
-    ``quantized_model_init``): TP-local shapes, quantized primary weights for quantized recipes,
-    TP params as DTensors (fix tp_dtensor_params). Shard it, then ``materialize``."""
-    with torch.device("meta"):
-        m = MODULES[kind](d, env)
-    m.quantize_weights()
-    m.set_device_mesh()
-    return m
-
-
-def materialize(m: nn.Module, canonical: dict, device) -> nn.Module:
-    """After ``fully_shard``: allocate this rank's shards on ``device`` and initialize them."""
-    m.to_empty(device=device)
-    m.reset_parameters(canonical)
-    return m

@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from .fixes import optimizer_dtensor_state as ods
-from .qtensor import QuantizedTensor
+from harness.reference.fixes import optimizer_dtensor_state as ods
+from harness.reference.qtensor import QuantizedTensor
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

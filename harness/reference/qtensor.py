@@ -18,9 +18,13 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from . import codecs
-from .fixes import empty_untyped_storage, quantized_allgather, to_copy_keeps_subclass
-from .fixes import weights_only_pickle
+from harness.reference import codecs
+from harness.reference.fixes import (
+    empty_untyped_storage,
+    quantized_allgather,
+    to_copy_keeps_subclass,
+    weights_only_pickle,
+)
 
 aten = torch.ops.aten
 
@@ -310,7 +314,7 @@ def add_parts(local, g, key: str, t) -> None:
 def full_parts(t) -> dict:
     """The raw parts of a (DTensor of a) QuantizedTensor at full size, on every rank
     (collective for DTensors)."""
-    from ..worker.gather import Gather
+    from harness.distributed.gather import Gather
     if not isinstance(t, DTensor):
         return {k: v.detach().cpu().clone() for k, v in t._parts.items()}
     g = Gather()

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import codecs
-from .fixes import amax_reduction_group
-from .formats import block as blockfmt
-from .formats import fp8, mxfp8, nvfp4
-from .qtensor import make
+from harness.reference import codecs
+from harness.reference.fixes import amax_reduction_group
+from harness.reference.formats import block as blockfmt
+from harness.reference.formats import fp8, mxfp8, nvfp4
+from harness.reference.qtensor import make
 
 WEIGHT_CODEC = {"delayed": codecs.FP8, "current": codecs.FP8, "block": codecs.BLOCK,
                 "mxfp8": codecs.MXFP8, "nvfp4": codecs.NVFP4}

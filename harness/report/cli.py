@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import drift as drift_mod
-from . import goldens as goldens_mod
-from . import history as history_mod
+from harness.report import drift as drift_mod
+from harness.report import goldens as goldens_mod
+from harness.report import history as history_mod
 
 DEFAULT_HISTORY = Path("reports/history")
 DEFAULT_OUT = Path("reports/report.html")
@@ -119,7 +119,7 @@ def _report_args(p):
 
 
 def report(args) -> int:
-    from . import html
+    from harness.report import html
     h = load_history(args.history)
     if h is None:
         return 2

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import drift as drift_mod
-from .history import History
+from harness.report import drift as drift_mod
+from harness.report.history import History
 
 
 class Ids:

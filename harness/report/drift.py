@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .history import History, file_date
+from harness.report.history import History, file_date
 
 SERIES_KEY = ["scenario", "backend", "case_id", "check", "quantity", "metric"]
 GROUP_KEY = ["hw"] + SERIES_KEY

@@ -18,7 +18,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from . import drift as drift_mod
+from harness.report import drift as drift_mod
 
 
 def drift_svg(series: pd.DataFrame, runs: pd.DataFrame, cfg: drift_mod.DriftConfig,

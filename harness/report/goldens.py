@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .history import History
+from harness.report.history import History
 
 _STEP = re.compile(r"step(\d+)$")
 

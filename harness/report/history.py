@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import results
+from harness.results import write as results
 
 #: schema versions this reader understands (``schema_version`` in the ``harness`` metadata)
 SUPPORTED_VERSIONS = {1, 2}  # 2 adds coverage rows (metric "coverage")

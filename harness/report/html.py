@@ -16,12 +16,12 @@ from pathlib import Path
 
 import jinja2
 
-from . import drift as drift_mod
-from . import fmt, sections
-from .context import ReportContext
-from .history import History
-from .outcomes import ROW_CLASS, badge_class, worst  # noqa: F401  (worst: public helper)
-from .sections import coverage
+from harness.report import drift as drift_mod
+from harness.report import fmt, sections
+from harness.report.context import ReportContext
+from harness.report.history import History
+from harness.report.outcomes import ROW_CLASS, badge_class, worst  # noqa: F401  (worst: public helper)
+from harness.report.sections import coverage
 
 TITLE = "Distributed correctness report"
 

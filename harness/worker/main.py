@@ -20,7 +20,7 @@ the launcher re-launches the remaining tasks. Errors inside a producer or check 
 SIGUSR1 dumps all threads' Python stacks to ``stacks/rank{R}.txt`` (faulthandler): the launcher
 sends it to a hung case's ranks before killing them.
 
-Each rank is tethered to its torchrun agent (``PR_SET_PDEATHSIG``, harness/procs.py): when the
+Each rank is tethered to its torchrun agent (``PR_SET_PDEATHSIG``, harness/worker/tether.py): when the
 agent dies -- killed by the launcher, or by the kernel because pytest died -- the rank is
 SIGKILLed too instead of computing on, reparented to init, holding its GPU memory. A rank's
 async DCP stager process (spawned, so not tethered: its creating thread is short-lived) exits
@@ -68,7 +68,7 @@ class Context:
         costly); ``names`` renames the dims for backends that look them up by name."""
         key = (spec.name, tuple(sorted((names or {}).items())))
         if key not in self.meshes:
-            from .parallel import device_mesh
+            from harness.distributed.parallel import device_mesh
             self.meshes[key] = device_mesh(spec, self.device_type, names)
         return self.meshes[key]
 
@@ -117,8 +117,7 @@ def _init(plan: dict, timeline: dict):
     import torch
     import torch.distributed as dist
 
-    from .. import backends
-    from .store import agent_store
+    from harness import backends
     timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -127,16 +126,14 @@ def _init(plan: dict, timeline: dict):
     # the groups form under the launch's set-up timeout (connections, not a case's collective),
     # then take the timeouts their collectives run under
     setup = timedelta(seconds=plan["setup_timeout_s"])
-    store = agent_store(world, setup)  # torchrun's, each connect attempt bounded
-    joined = dict(store=store, rank=rank, world_size=world) if store is not None else {}
     if plan["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         # async DCP needs a CPU backend beside NCCL
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device, **joined)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=setup, **joined)
+        dist.init_process_group("gloo", timeout=setup)
     control = dist.new_group(backend="gloo", timeout=setup)
     # Inside a unit a rank may be where the others never arrive (one raised): the harness's own
     # collectives there go over a group of their own, so the control group's agreement after
@@ -153,7 +150,7 @@ def _init(plan: dict, timeline: dict):
     torch.use_deterministic_algorithms(True, warn_only=True)
     timeline["process_group"] = time.time()
     if plan.get("stager"):  # the launch may run async_process saves (fed ones too)
-        from . import stager
+        from harness.distributed import stager
         stager.prestart(async_group)
     backend = backends.get(plan["backend"])
     backend.preload()  # the library under test (TE) imports here, not inside the first case
@@ -172,9 +169,10 @@ def _agree(ctx, payload: dict, timeout_s: float):
 def run_task(ctx, task: dict, plan: dict) -> dict:
     import torch.distributed as dist
 
-    from ..checks.record import Recorder, merge
-    from ..matrix import Case
-    from . import faults, runner
+    from harness.checks.record import Recorder, merge
+    from harness.distributed import faults
+    from harness.spec.matrix import Case
+    from harness.worker import runner
 
     case = Case.from_json(task["case"])
     ckpt = Path(task["ckpt_dir"])
@@ -196,7 +194,7 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
     for r in rec.rows:  # a failed unit's traceback goes to this rank's log too
         if r.get("traceback"):
             print(f"[{r['check']}] {r['traceback']}", flush=True)
-    from . import stager
+    from harness.distributed import stager
     if stager.BROKEN:  # a failed process-staged save: the stagers are not reused
         print("an async_process save failed: exiting for a re-launch with fresh stagers",
               flush=True)
@@ -211,17 +209,15 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
                 started=t0, ended=time.time())
 
 
-def main(argv=None, *, hard_exit: bool = True) -> int:
-    """``hard_exit``: end the process with ``os._exit`` once everything is written (a fresh
-    Python's teardown costs seconds); a rank forked by ``harness.fork_agent`` returns instead,
-    so torchrun gets the return value it waits for (and multiprocessing's fork child ends
-    with ``os._exit`` itself)."""
+def main(argv=None) -> int:
+    """Run the plan's tasks and the fed ones; end with ``os._exit`` once everything is written
+    (a fresh Python's teardown costs seconds)."""
     ap = argparse.ArgumentParser(prog="python -m harness.worker")
     ap.add_argument("--plan", required=True)
     args = ap.parse_args(argv)
-    from .. import procs
-    procs.tether(procs.expected_parent())  # die with the torchrun agent
-    procs.set_name(f"harness-rank{os.environ.get('RANK', '')}")  # for ps / top
+    from harness.worker import tether
+    tether.tether(tether.expected_parent())  # die with the torchrun agent
+    tether.set_name(f"harness-rank{os.environ.get('RANK', '')}")  # for ps / top
     profile = _start_profile()
     plan = json.loads(Path(args.plan).read_text())
     root = Path(plan["dir"])
@@ -232,17 +228,15 @@ def main(argv=None, *, hard_exit: bool = True) -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     progress = root / "progress" / f"rank{rank}.json"
     _write_json(progress, dict(pid=os.getpid(), task=None, state="starting", t=time.time()))
-    # a rank forked by harness.fork_agent starts with torch imported (its agent's)
-    timeline = {"main": _T_MAIN, "torch_imported_at_start": "torch" in sys.modules}
+    timeline = {"main": _T_MAIN}
     # a rank stuck before its process group exists is ended by torchrun (its peers' store wait
     # times out), not by the launcher's watchdog: its stacks are written before that happens
     faulthandler.dump_traceback_later(0.8 * plan["setup_timeout_s"], file=stacks)
     ctx = _init(plan, timeline)
     faulthandler.cancel_dump_traceback_later()
-    from . import gather
+    from harness.distributed import gather
     gather.GROUP = ctx.exchange
-    from . import runner
-    from . import task_feed
+    from harness.worker import runner, task_feed
     done = set(p.stem for p in (root / "results").glob("*.json"))
     idle = lambda: _write_json(progress, dict(pid=os.getpid(), task=None, state="idle",  # noqa: E731
                                               t=time.time()))
@@ -269,7 +263,7 @@ def main(argv=None, *, hard_exit: bool = True) -> int:
     _write_json(progress, dict(pid=os.getpid(), task=None, state="done", t=time.time()))
     import torch.distributed as dist
     dist.barrier(group=ctx.control)  # every rank is done with its stager's collectives too
-    from . import stager
+    from harness.distributed import stager
     stager.stop()
     dist.destroy_process_group()
     timeline["exit"] = time.time()
@@ -283,6 +277,4 @@ def main(argv=None, *, hard_exit: bool = True) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     log.flush()
-    if not hard_exit:
-        return 0
     os._exit(0)

@@ -27,9 +27,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .. import catalog
-from . import checkpoint, ckpt_faults, faults
-from .run import Run, reference_run
+from harness.distributed import checkpoint, faults
+from harness.distributed.gather import on_rank0
+from harness.distributed.run import Run, reference_run
+from harness.spec import catalog
+from harness.worker import ckpt_faults
 
 EXPECTED = "expected.pt"  # written by the train phase's save for the reshard phase
 TRAIN_MISSING = "train_missing.json"  # the train phase's missing artifacts and why
@@ -114,7 +116,7 @@ def train(art) -> dict:
 def reference(art) -> dict:
     """The single-process FP32 run; one per run for everything that determines it (cached in
     the run's work directory, worker/reference_cache.py)."""
-    from . import reference_cache
+    from harness.worker import reference_cache
     case, ctx = art.case, art.ctx
     scale = faults.reference_lr_scale(case)
     k = reference_cache.key(case, ctx.backend, ctx.device, scale)
@@ -130,7 +132,7 @@ def export(art) -> dict:
     optimizer keeps one, else the parameter as fp32 (rank 0 writes; every rank gathers)."""
     from safetensors.torch import save_file
 
-    from .run import flatten, is_quantized
+    from harness.distributed.run import flatten, is_quantized
     run = art["trained"].run
     sources, quantized = {}, {}
     for name, p in run.model.named_parameters():
@@ -144,7 +146,7 @@ def export(art) -> dict:
     quantized = flatten(quantized, raw=False)
     faults.in_export(art.case, export)
     path = art.ckpt / "model.safetensors"
-    _on_rank0(art.ctx, lambda: save_file(export, str(path)))
+    on_rank0(art.ctx, lambda: save_file(export, str(path)))
     return {"exported": Exported(path, quantized)}
 
 
@@ -170,7 +172,7 @@ def save(art) -> dict:
     next_params = run.full_params()
     next_state = run.full_state() if ctx.backend.lazy_buffers else None
     if case.target is not None:
-        _on_rank0(ctx, lambda: torch.save(
+        on_rank0(ctx, lambda: torch.save(
             {"state": state, "next_loss": next_loss, "next_params": next_params},
             art.ckpt / EXPECTED))
     return {"checkpoint": Saved(main, twin, state),
@@ -208,23 +210,6 @@ def _load(art, run: Run, path) -> None:
     if not faults.skip_load(art.case):
         art.load_fn(run, path)
     faults.after_load(art.case, run, run.ctx.rank)
-
-
-def _on_rank0(ctx, fn) -> None:
-    """Run ``fn`` on rank 0 only; if it raises, every rank raises (no rank is left waiting in
-    a collective the others never reach)."""
-    err = None
-    if ctx.rank == 0:
-        try:
-            fn()
-        except Exception as e:  # re-raised below, on every rank
-            err = e
-    flag = [repr(err) if err else None]
-    dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
-    if err is not None:
-        raise err
-    if flag[0] is not None:
-        raise RuntimeError(f"rank 0 failed: {flag[0]}")
 
 
 PRODUCERS = (

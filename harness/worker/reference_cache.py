@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import data
+from harness.distributed import data
 
 VERSION = 1  # bump when reference_run or the synthetic data change meaning
 

@@ -22,12 +22,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import checks as checks_mod
-from ..checks.base import Artifacts
-from ..checks.record import describe
-from ..workarounds import WORKAROUNDS
-from . import checkpoint, faults
-from .producers import PRODUCERS, TRAIN_MISSING, NotRunnable, _on_rank0
+from harness import checks as checks_mod
+from harness.checks.base import Artifacts
+from harness.distributed import checkpoint, faults
+from harness.distributed.checkpoint import describe
+from harness.distributed.gather import on_rank0
+from harness.worker.producers import PRODUCERS, TRAIN_MISSING, NotRunnable
+from harness.worker.workarounds import WORKAROUNDS
 
 ARTIFACT_LABELS = {
     "trained": "the trained model", "reference": "the FP32 reference run",
@@ -83,7 +84,7 @@ def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0) 
                                       f"{art.missing.get(m, 'was not made')}")
     if phase == "train" and case.target is not None and art.missing:
         # tell the reshard phase why there is no checkpoint to load
-        _on_rank0(ctx, lambda: (ckpt / TRAIN_MISSING).write_text(json.dumps(art.missing)))
+        on_rank0(ctx, lambda: (ckpt / TRAIN_MISSING).write_text(json.dumps(art.missing)))
 
 
 class _Walk:

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from harness import gpu
-from harness.environment import RunEnvironment
+from harness.launch import gpu
+from harness.plugin.environment import RunEnvironment
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -3,21 +3,21 @@
 Run on the GPU machine: ``pytest tests/gpu`` (TE importable, CUDA with >= 2 GPUs).
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-import dataclasses
-
-from harness import catalog, registry
 from harness.backends import get
-from harness.environment import RunEnvironment
-from harness.launcher import Launcher
-from harness.matrix import expand
-from harness.registry_match import workarounds
-from harness.scheduler import Scheduler
-from harness.spec import load_scenario
-from harness.verdict import XFAILED, judge
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.plugin.environment import RunEnvironment
+from harness.plugin.registry_match import workarounds
+from harness.spec import catalog
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+from harness.verdict import registry
+from harness.verdict.judge import XFAILED, judge
 
 pytestmark = pytest.mark.integration
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "te_sized_bugs.yaml"

@@ -9,8 +9,13 @@ import torch
 
 from harness.reference import fixes
 from harness.reference.codecs import QuantizedLayoutError
-from harness.reference.qtensor import FSDPQuantizedTensor, QuantizedTensor, assemble, full_parts
 from harness.reference.formats.fp8 import E4M3
+from harness.reference.qtensor import (
+    FSDPQuantizedTensor,
+    QuantizedTensor,
+    assemble,
+    full_parts,
+)
 from harness.reference.quantizers import QuantState, WeightQuantizer
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import results
+from harness.results import write as results
 
 T0 = datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc)
 AXES = ("recipe", "mesh", "module", "dcp", "reshard")

@@ -6,12 +6,27 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from synth_history import (A, B, C, CROSS, CROSS_RUN, D, DRIFT, DRIFT_RUN, E, STEADY, case_id,
-                           drifting_history, make_case, report_dir, write_run)  # noqa: F401
+from synth_history import (
+    CROSS,
+    CROSS_RUN,
+    DRIFT,
+    DRIFT_RUN,
+    STEADY,
+    A,
+    B,
+    C,
+    D,
+    E,
+    case_id,
+    drifting_history,  # noqa: F401
+    make_case,
+    report_dir,  # noqa: F401 - a fixture
+    write_run,
+)
 
-from harness import results
 from harness.__main__ import main
 from harness.report import drift, history
+from harness.results import write as results
 
 
 def _series(res, ax, key):

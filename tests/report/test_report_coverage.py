@@ -6,8 +6,15 @@ import re
 
 import pandas as pd
 from report_content import diff, extract, summary
-from synth_history import (NO_TARGET, NOT_LOADED, A, make_case, report_dir,  # noqa: F401
-                           rich_history, write_run)
+from synth_history import (  # noqa: F401
+    NO_TARGET,
+    NOT_LOADED,
+    A,
+    make_case,
+    report_dir,
+    rich_history,
+    write_run,
+)
 
 from harness.report import drift, history, html
 from harness.report.sections import coverage

@@ -9,22 +9,8 @@ on, it passes. That proves each check can catch the bug it is meant to catch.
 
 from __future__ import annotations
 
-FIXES = {
-    "tp_dtensor_params": ("TE #2713", "TP-sharded params become DTensors (column Shard(0), row "
-                          "Shard(1), norms Replicate); FSDP2 then shards them with _StridedShard"),
-    "quantized_allgather": ("TE #2245", "FSDP2 all-gathers the raw "
-                            "quantized bytes + scales (rowwise in forward, columnwise in backward)"),
-    "optimizer_dtensor_state": ("TE #2795", "optimizer states are DTensors with their param's "
-                                "placements"),
-    "empty_untyped_storage": ("TE #2974", "QuantizedTensor.untyped_storage() returns an empty "
-                              "storage"),
-    "to_copy_keeps_subclass": ("TE #2974", ".cpu() / _to_copy / new_empty(device=) move the inner "
-                               "buffers without dequantizing"),
-    "weights_only_pickle": ("TE #2974", "__reduce_ex__ through module-level reconstructors "
-                            "registered with torch.serialization.add_safe_globals"),
-    "amax_reduction_group": ("TE #2974", "current-scaling and NVFP4 amax "
-                             "reduced over the weight's shard group"),
-}
+from harness.spec.catalog import FIXES  # the names and what each fixes (plain data)
+
 _off: set[str] = set()
 _listeners = []  # called after configure() (e.g. to (un)register safe globals)
 
@@ -49,6 +35,3 @@ def on(name: str) -> bool:
         raise KeyError(name)
     return name not in _off
 
-
-def axis_values() -> list[str]:
-    return ["all"] + [f"no_{n}" for n in FIXES]

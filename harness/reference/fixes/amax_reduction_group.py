@@ -7,7 +7,7 @@ shard used its own amax: shards get different scales, and the FSDP2 quantized al
 (which keeps one rank's scale) differs from an FP32 gather-then-quantize.
 """
 
-from . import on
+from harness.reference.fixes import on
 
 NAME = "amax_reduction_group"
 

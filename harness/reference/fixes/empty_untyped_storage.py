@@ -10,7 +10,7 @@ invalid python storage". An empty storage (data_ptr 0) is never "the same" as a 
 
 import torch
 
-from . import on
+from harness.reference.fixes import on
 
 NAME = "empty_untyped_storage"
 

@@ -9,7 +9,7 @@ torch.Size([128]) for optim.state.<param>.exp_avg".
 
 from torch.distributed.tensor import DTensor
 
-from . import on
+from harness.reference.fixes import on
 
 NAME = "optimizer_dtensor_state"
 

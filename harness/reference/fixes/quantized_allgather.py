@@ -7,7 +7,7 @@ reshard after forward), and rebuilds a QuantizedTensor. Without them FSDP2 gathe
 a plain tensor.
 """
 
-from . import on
+from harness.reference.fixes import on
 
 NAME = "quantized_allgather"
 

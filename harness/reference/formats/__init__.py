@@ -9,6 +9,6 @@ All quantized payloads (elements and non-fp32 scales) are ``torch.uint8`` bit
 patterns so they can be compared bytewise. Functions are device-agnostic.
 """
 
-from . import block, fp8, mxfp8, nvfp4
+from harness.reference.formats import block, fp8, mxfp8, nvfp4
 
 __all__ = ["fp8", "block", "mxfp8", "nvfp4"]

@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .fp8 import E4M3, FP8Format, saturating_cast
+from harness.reference.formats.fp8 import E4M3, FP8Format, saturating_cast
 
 __all__ = ["as_2d", "block_amax", "expand_blocks", "quantize_blockwise", "dequantize_blockwise"]
 

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from .block import as_2d, block_amax, expand_blocks
-from .fp8 import E4M3, FP8Format, saturating_cast
+from harness.reference.formats.block import as_2d, block_amax, expand_blocks
+from harness.reference.formats.fp8 import E4M3, FP8Format, saturating_cast
 
 __all__ = ["BLOCK", "EMAX_ELEM", "e8m0_to_float", "float_to_e8m0", "quantize_mxfp8",
            "dequantize_mxfp8"]

@@ -40,8 +40,9 @@ from typing import Optional
 
 import torch
 
-from .block import as_2d, block_amax, expand_blocks
-from .fp8 import E4M3, amax as tensor_amax, saturating_cast
+from harness.reference.formats.block import as_2d, block_amax, expand_blocks
+from harness.reference.formats.fp8 import E4M3, saturating_cast
+from harness.reference.formats.fp8 import amax as tensor_amax
 
 __all__ = ["BLOCK", "E2M1_VALUES", "E2M1_MAX", "encode_e2m1", "decode_e2m1", "pack_fp4",
            "unpack_fp4", "global_scale", "quantize_nvfp4", "dequantize_nvfp4"]

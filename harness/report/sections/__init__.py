@@ -6,8 +6,16 @@
 
 from __future__ import annotations
 
-from ..context import ReportContext
-from . import coverage, drift_plots, fixes, ledger, matrix, overview, runs
+from harness.report.context import ReportContext
+from harness.report.sections import (
+    coverage,
+    drift_plots,
+    fixes,
+    ledger,
+    matrix,
+    overview,
+    runs,
+)
 
 #: (anchor, title) of the navigation bar, in page order; "fixes" only when there are any
 NAV = [("latest", "Latest run"), ("changes", "What changed"), ("drift-alerts", "Drift alerts"),

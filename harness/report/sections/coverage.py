@@ -12,8 +12,8 @@ from collections import Counter
 
 import pandas as pd
 
-from ..context import ReportContext, coord
-from ..outcomes import case_rows, coverage_rows
+from harness.report.context import ReportContext, coord
+from harness.report.outcomes import case_rows, coverage_rows
 
 #: worst first: a cell takes the colour of its worst status
 STATUSES = ("failed", "xfailed", "not_run", "passed")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import drift as drift_mod
-from ..context import ReportContext
-from ..figures import drift_svg
+from harness.report import drift as drift_mod
+from harness.report.context import ReportContext
+from harness.report.figures import drift_svg
 
 MAX_PLOTS = 12
 MAX_RISK_ROWS = 200

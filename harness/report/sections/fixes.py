@@ -4,9 +4,9 @@ pass; and one table over both with the mutation score (``harness/mutation_score.
 
 from __future__ import annotations
 
-from ... import mutation_score
-from ..context import ReportContext, axes
-from ..outcomes import FAILED_ROWS, case_rows, check_rows
+from harness.report.context import ReportContext, axes
+from harness.report.outcomes import FAILED_ROWS, case_rows, check_rows
+from harness.verdict import mutation_score
 
 SWITCHES = mutation_score.SWITCHES  # axis -> value with no bug injected
 

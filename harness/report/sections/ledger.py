@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ... import registry as registry_mod
-from ..context import ReportContext, axes
-from ..outcomes import case_rows
+from harness.report.context import ReportContext, axes
+from harness.report.outcomes import case_rows
+from harness.verdict import registry as registry_mod
 
 KNOWN_AXES = {"recipe", "mesh", "module", "dcp", "reshard", "fixes", "fault"}
 

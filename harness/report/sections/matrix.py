@@ -11,9 +11,17 @@ from collections import Counter
 
 import pandas as pd
 
-from ..context import Group, ReportContext, axes, coord
-from ..outcomes import (FAILED_ROWS, MEANING, SEVERITY, SHORT, case_rows, check_rows, outcome,
-                        worst)
+from harness.report.context import Group, ReportContext, axes, coord
+from harness.report.outcomes import (
+    FAILED_ROWS,
+    MEANING,
+    SEVERITY,
+    SHORT,
+    case_rows,
+    check_rows,
+    outcome,
+    worst,
+)
 
 
 def legend() -> list[dict]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .. import fmt
-from ..context import ReportContext
-from ..outcomes import SEVERITY, case_rows, outcome
+from harness.report import fmt
+from harness.report.context import ReportContext
+from harness.report.outcomes import SEVERITY, case_rows, outcome
 
 MAX_CHANGES = 60
 

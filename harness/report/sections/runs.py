@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from .. import fmt
-from ..context import ReportContext
-from ..outcomes import SEVERITY, SHORT, case_rows, outcome
+from harness.report import fmt
+from harness.report.context import ReportContext
+from harness.report.outcomes import SEVERITY, SHORT, case_rows, outcome
 
 SLOWEST = 15
 

@@ -1,0 +1,100 @@
+"""Device meshes and the plain-torch parallelization: TP with parallelize_module, then
+fully_shard on the data-parallel dims (HSDP when the mesh has a replicate dim)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+
+from harness.spec.mesh import REPLICATE, SHARD, TP, MeshSpec
+
+
+def device_mesh(spec: MeshSpec, device_type: str, names: dict | None = None) -> DeviceMesh:
+    """``names`` renames the harness's dims (dp_replicate / dp_shard / tp) for backends that
+    look them up under other names (TE: replicate / shard / tp)."""
+    dims, sizes = zip(*spec.dims)
+    names = names or {}
+    return init_device_mesh(device_type, tuple(sizes),
+                            mesh_dim_names=tuple(names.get(d, d) for d in dims))
+
+
+def mixed_precision(recipe: str) -> MixedPrecisionPolicy | None:
+    if recipe == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return None
+
+
+def fsdp_mesh(mesh: DeviceMesh, spec: MeshSpec, names: dict | None = None) -> DeviceMesh:
+    dims = tuple((names or {}).get(d, d) for d in spec.fsdp_dims)
+    return mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+
+
+_WEIGHT_GROUPS: dict = {}
+
+
+def weight_group(mesh: DeviceMesh, spec: MeshSpec):
+    """Ranks holding pieces of one weight: the FSDP shard dim x TP (never HSDP's replicas).
+
+    Built with ``new_subgroups_by_enumeration`` (collective: every rank creates every group)
+    and cached per mesh; not via ``DeviceMesh._flatten``, which stores process groups in the
+    mesh that DTensor specs reference -- DCP's async staging deep-copies those and cannot
+    pickle a ProcessGroup.
+    """
+    if spec.tp == 1:
+        return mesh[SHARD].get_group()
+    if spec.name not in _WEIGHT_GROUPS:
+        by_replica: dict[int, list[int]] = {}
+        for r in range(spec.world_size):
+            by_replica.setdefault(spec.coords(r).get(REPLICATE, 0), []).append(r)
+        group, _ = dist.new_subgroups_by_enumeration(list(by_replica.values()))
+        _WEIGHT_GROUPS[spec.name] = group
+    return _WEIGHT_GROUPS[spec.name]
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str,
+                plan: dict | None = None) -> nn.Module:
+    """TP with ``plan`` (default ``model.tp_plan()``), then ``shard``. Tied parameters stay
+    tied: ``parallelize_module`` distributes each module's parameters on its own, so an alias
+    of a tied parameter would become a second DTensor; it is re-tied to the first."""
+    if spec.tp > 1:
+        ties = tied_groups(model)
+        parallelize_module(model, mesh[TP], plan if plan is not None else model.tp_plan())
+        retie(model, ties)
+    return shard(model, mesh, spec, recipe)
+
+
+def tied_groups(model: nn.Module) -> list[tuple[str, ...]]:
+    """Names under which one parameter is registered more than once (tied weights), each group
+    in registration order: [("embed.weight", "lm_head.weight")]."""
+    by_param: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(p), []).append(name)
+    return [tuple(names) for names in by_param.values() if len(names) > 1]
+
+
+def retie(model: nn.Module, groups: list[tuple[str, ...]]) -> None:
+    """Register the first name's parameter under every other name of its group."""
+    for first, *aliases in groups:
+        p = model.get_parameter(first)
+        for name in aliases:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner) if owner else model, attr, p)
+
+
+def shard(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str, units=None,
+          names: dict | None = None) -> nn.Module:
+    """fully_shard each FSDP unit, then the root (HSDP on a 2-D replicate x shard mesh)."""
+    kwargs = dict(mesh=fsdp_mesh(mesh, spec, names))
+    mp = mixed_precision(recipe)
+    if mp is not None:
+        kwargs["mp_policy"] = mp
+    if units is None:
+        units = model.fsdp_units() if hasattr(model, "fsdp_units") else []
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    return model

@@ -1,0 +1,225 @@
+"""One torchrun launch: start the agents, feed them tasks while they live, watch for a hung
+task, hand each result on as it appears, end every process of the launch, record it.
+
+A launch starts with the tasks of its plan and takes more from its lane's feed
+(``feed.py``) on every poll, writing them to the launch's queue (``worker.task_feed``); once
+the feed is closed, so is the queue, and the ranks exit when they ran everything. Everything
+a launch needs is handed to it (its settings, directory, argv, feed, the run's stop flag and
+where its record goes): it calls into nothing above it.
+
+Every wait is bounded:
+
+* a task running past its case's ``timeout_s`` gets its ranks' Python stacks (SIGUSR1 ->
+  faulthandler) attached, every process of the launch is killed, the task is reported as
+  ``timeout``; the lane re-launches the launch's unfinished tasks;
+* a launch that dies (a rank crashed or exited) blames the task that was running, with each
+  rank's log of that task, the unit each rank was in and the exit status;
+* a launch that never starts a task within ``startup_timeout_s`` fails its tasks with the
+  torchrun log, rather than looping;
+* a launch whose agents fail before any task started (a rank that could not join its process
+  group) hands its tasks to a new launch, once: a transient start failure costs a start, not a
+  batch of crashed cases; a second one in a row crashes them, each naming both.
+
+However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, the run's stop), every
+process it started is killed before the next one starts (``ending.end_processes``): torchrun,
+its ranks (each in a session of its own), their async DCP stager processes and simulated nodes
+all carry the launch's tag in their environment and are found through ``/proc``
+(``procs.py``), wherever they were reparented; the record says how many were killed and lists
+any survivor. torchrun is tethered to the harness process and each rank to torchrun
+(``PR_SET_PDEATHSIG``), so a killed pytest takes its launches with it. On GPU the launch's
+processes must also release their GPU memory (bounded wait, ``gpu.py``) before the next launch
+starts. No shell is involved: the command is an argv list.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from harness.launch import ending, inductor_cache, launch_dir, procs
+from harness.launch.feed import LaneFeed
+from harness.launch.interrupt import Interrupted, deferred
+from harness.launch.tasks import LaunchRecord, Task, TaskResult
+
+# Kept in every launched environment (GPU hosts are shared: NVLink multicast can take them
+# down for everyone; see DEVELOPERS.md / the device tool's KINDS.md).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",
+            # deterministic cuBLAS (bitwise next-step checks on GPU)
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# On GPU hosts (several launches start at once per GPU slot) DCP's process-async stagers
+# rendezvous under a prefix of torchrun's own store instead of a port DCP picks free and binds
+# later: another launch took that port first (EADDRINUSE in one rank's stager, the other rank's
+# waiting for it until the case timeout; seen on 2x H200). CPU launches keep DCP's default.
+CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
+POLL_S = 0.1
+# a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
+# $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds 22
+SOCKET_PATH_MAX, SCRATCH_DEPTH = 107, 32 + 22 + 8
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What every launch of a launcher shares."""
+    backend: str
+    device: str
+    collective_timeout_s: float
+    startup_timeout_s: float
+    extra_env: dict = field(default_factory=dict)
+    gentle_stop: bool = False  # SIGTERM the agents first (srun forwards it to remote nodes)
+    stager: bool = False  # may run an async_process save: the ranks start DCP's stager first
+
+
+class Launch:
+    """One torchrun launch of ``tasks`` and those ``feed`` hands it while it lives."""
+
+    def __init__(self, settings: LaunchSettings, name: str, d: Path,
+                 argvs: Callable[[Path], list[list[str]]], tasks: list[Task], world_size: int,
+                 env: dict, feed: LaneFeed, *, stop: threading.Event,
+                 on_record: Callable[[LaunchRecord], None], retry_start: bool = False):
+        self.settings, self.name, self.d = settings, name, d
+        self.world_size, self.env, self.feed = world_size, env, feed
+        self.stop, self.on_record = stop, on_record
+        # a launch whose agents fail before any task started hands its tasks back (once per
+        # lane: a transient start failure must not crash a whole batch of cases)
+        self.retry_start, self.start_failed = retry_start, False
+        # the largest case timeout it may see (fed tasks included)
+        self.timeout_s = max([t.case.timeout_s for t in tasks] + [feed.timeout_s])
+        self.plan_path = launch_dir.write_plan(
+            d, tasks, settings.backend, settings.device, settings.collective_timeout_s,
+            timeout_s=self.timeout_s, setup_timeout_s=settings.startup_timeout_s / 3,
+            stager=settings.stager)
+        self.argvs = argvs(self.plan_path)
+        self.tag = procs.new_tag(name)
+        self.by_name = {t.name: t for t in tasks}
+        self.agents: list[subprocess.Popen] = []
+        self.delivered: dict[str, TaskResult] = {}  # results handed to the feed
+        self.fed, self.closed = 0, False
+        self.t_start = None  # agents started (the start-up bound counts from here)
+        self.t_watched = None  # when the agents exited (or the watch ended)
+        self.tmp: str | None = None  # the launch's TMPDIR, removed with its processes
+
+    def unfinished(self) -> list[Task]:
+        """Tasks of this launch without a result (to run again in a new launch)."""
+        return [t for n, t in self.by_name.items() if n not in self.delivered]
+
+    def _deliver(self, results: dict[str, TaskResult]) -> None:
+        new = {n: r for n, r in results.items() if n not in self.delivered}
+        self.delivered.update(new)
+        if new:
+            self.feed.finished(new)
+
+    def _pump(self) -> None:
+        """Hand on new results; write what the feed has for the ranks to their queue."""
+        names = launch_dir.result_names(self.d) - set(self.delivered)
+        if names:
+            self._deliver(launch_dir.collect(self.d, self.name, self.by_name, names))
+        if self.closed:
+            return
+        more = self.feed.poll()
+        if more is None:
+            launch_dir.close_feed(self.d, self.fed)
+            self.closed = True
+        elif more:
+            self.fed += 1
+            self.by_name.update((t.name, t) for t in more)
+            launch_dir.feed(self.d, self.fed, more)
+
+    def _start(self) -> None:
+        self.t_start = time.time()
+        self.tmp = tempfile.mkdtemp(prefix=f"harness-{self.name}-", dir=scratch_parent())
+        env = self._env()
+        with open(self.d / "torchrun.log", "w") as out:
+            for argv in self.argvs:
+                self.agents.append(subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, cwd=str(self.d)))
+
+    def run(self) -> dict[str, TaskResult]:
+        hung, timed_out, stopped = None, False, False
+        try:
+            self._start()
+            hung, timed_out = self._watch()
+            self.t_watched = time.time()
+        except BaseException:  # Ctrl-C / SIGTERM / the run's stop: record, then re-raise
+            stopped = True
+            raise
+        finally:
+            start = self.t_start or time.time()
+            with deferred():  # a second Ctrl-C must not cut the clean-up short
+                cleanup = ending.end_processes(self)
+                if stopped:  # keep the tasks that finished before the stop
+                    done = launch_dir.collect(self.d, self.name, self.by_name)
+                    self._deliver(done)
+                    ending.record(self, start, time.time(), False, cleanup, done,
+                                  interrupted=True)
+        end = time.time()
+        results = ending.results(self, start, end, hung, timed_out)
+        if self.start_failed and self.retry_start:  # nothing delivered: the lane runs them again
+            ending.record(self, start, end, timed_out, cleanup, {}, start_failed="retried")
+            return {}
+        self._deliver(results)
+        ending.record(self, start, end, timed_out, cleanup, results,
+                      start_failed="reported" if self.start_failed else "")
+        return results
+
+    def _watch(self) -> tuple[str | None, bool]:
+        """Poll until the agents exit, a task runs past its timeout (its stacks are dumped
+        first), or nothing starts within ``startup_timeout_s``. Returns (hung task, timed out).
+        Raises :class:`Interrupted` when the run is being stopped."""
+        while None in (states := [p.poll() for p in self.agents]):
+            if any(rc not in (None, 0) for rc in states):
+                break  # one agent failed: the others would wait for it forever
+            if self.stop.is_set():
+                raise Interrupted("the run is being stopped")
+            time.sleep(POLL_S)
+            self._pump()
+            current = launch_dir.current(self.d)
+            if current is None:
+                if not self.delivered and \
+                        time.time() - self.t_start > self.settings.startup_timeout_s:
+                    return None, True
+                continue
+            task_name, t0, pids = current
+            task = self.by_name.get(task_name)
+            if task and time.time() - t0 > task.case.timeout_s:
+                ending.dump_stacks(self.d, pids)
+                return task_name, True
+        return None, False
+
+    def _env(self) -> dict:
+        """The launch's environment: ours, the slot's, the safe settings and the launch's
+        tag."""
+        s = self.settings
+        full = {**os.environ, **s.extra_env, **self.env, **SAFE_ENV,
+                **(CUDA_ENV if s.device == "cuda" else {}), procs.TAG_VAR: self.tag}
+        # every temporary file of the launch's processes goes in a directory of its own,
+        # removed once they are gone: torchrun makes a log dir per launch and ranks that end
+        # with os._exit (or are killed) never run multiprocessing's clean-up of its pymp-*
+        # dirs -- a thousand of each were left in /tmp after a day of runs
+        full.update(TMPDIR=self.tmp, TEMP=self.tmp, TMP=self.tmp)
+        repo = str(Path(__file__).resolve().parents[2])
+        # the harness, then the directory pytest runs in (on the pytest process's sys.path
+        # with ``python -m pytest``): a model factory importable there is importable in the
+        # workers
+        full["PYTHONPATH"] = os.pathsep.join(
+            p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
+        full.update(inductor_cache.worker_env(full))
+        return full
+
+
+def scratch_parent() -> str:
+    """Where a launch's temporary directory goes: the temporary directory when sockets made
+    in it fit a Unix socket's path (DCP's process stager failed "AF_UNIX path too long" under
+    a deep TMPDIR), else /tmp."""
+    parent = tempfile.gettempdir()
+    if len(os.fsencode(parent)) + SCRATCH_DEPTH > SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    return parent

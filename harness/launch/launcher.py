@@ -1,0 +1,204 @@
+"""Run tasks (case phases) under real torchrun, one world size and GPU slot per *lane*.
+
+A lane is a sequence of launches (:class:`harness.launch.launch.Launch`) that take their tasks
+from the lane's feed (``feed.py``): a launch starts with what is there and is fed more while it
+lives, so a whole run pays one process start, import and process-group set-up per world size
+and GPU slot -- not one per batch. After a timeout or crash the lane starts a new launch with
+what the dead one left unfinished. :meth:`Launcher.run_batch` runs a fixed list of tasks the
+same way, spread over the GPU slots (tests, simple callers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+from pathlib import Path
+
+from harness.launch import procs
+from harness.launch.feed import FixedFeed, LaneFeed
+from harness.launch.interrupt import Interrupted
+from harness.launch.launch import SAFE_ENV, Launch, LaunchSettings
+from harness.launch.launch_dir import stager_worlds
+from harness.launch.tasks import LaunchRecord, Task, TaskResult
+
+__all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV",
+           "STOP_JOIN_S"]
+
+STOP_JOIN_S = 60.0  # bounded wait for GPU-slot threads after a stop
+
+
+class Launcher:
+    """Starts launches: lanes fed by the scheduler (:meth:`run_lane`) or fixed batches
+    (:meth:`run_batch`); the argv of a launch; the records of every launch."""
+
+    def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
+                 startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
+                 gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                 node_launcher: list[str] | None = None, launches_per_gpu: int = 1):
+        self.root = Path(root)
+        self.backend, self.device = backend, device
+        self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
+        # GPU oversubscription: each GPU slice takes this many launches at once (the cases are
+        # tiny; one launch leaves a GPU mostly idle). Bounded by --launches-per-gpu.
+        self.launches_per_gpu = max(1, int(launches_per_gpu))
+        # Multi-node: the world is split over `nnodes` torchrun agents meeting at a c10d
+        # rendezvous. With `node_launcher` (e.g. ["srun", "--nodes=2", "--ntasks-per-node=1"])
+        # one command starts an agent per node; without it the agents run on this host
+        # (simulated nodes, how CI tests this path).
+        self.nnodes = nnodes
+        self.rdzv_endpoint = rdzv_endpoint
+        self.node_launcher = list(node_launcher or [])
+        self.collective_timeout_s = collective_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_env = dict(env or {})
+        self.python = python
+        self.records: list[LaunchRecord] = []
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
+        self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
+
+    def expect(self, cases) -> None:
+        """On GPU hosts every launch that may run an async_process save starts DCP's stager up
+        front, also when its tasks come through the feed (1x H200: a launch's first such save
+        1.9-4.2 s -> 0.2-1.1 s). Not on CPU: on 2 cores the stagers' start then competes with
+        the busy lane (a 40-case torch slice 23-26 s without, 29 s with, alternating)."""
+        if self.device == "cuda":
+            self.stager_worlds |= stager_worlds(cases)
+
+    def stop(self) -> None:
+        """Make every running launch end now (its processes killed) and no new one start."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------------------------
+    def slots(self, world_size: int) -> list[dict]:
+        """GPU slot packing: with G visible GPUs, G // world_size slices of world_size GPUs,
+        each taking ``launches_per_gpu`` launches at once (on its own CUDA_VISIBLE_DEVICES).
+        One slot (no env) on CPU."""
+        if self.device != "cuda" or not self.gpus:
+            return [{}]
+        n = max(len(self.gpus) // world_size, 1)
+        slices = [",".join(self.gpus[i * world_size:(i + 1) * world_size]) for i in range(n)]
+        return [{"CUDA_VISIBLE_DEVICES": sl} for _ in range(self.launches_per_gpu)
+                for sl in slices]
+
+    def run_batch(self, tasks: list[Task], world_size: int, env: dict | None = None) -> dict:
+        """Run ``tasks`` (all of ``world_size``), spread over the GPU slots; re-launch after a
+        timeout or crash until each task has a result. Returns name -> TaskResult."""
+        slots = self.slots(world_size)
+        by_case: dict[str, list[Task]] = {}
+        for t in tasks:  # a case's tasks stay together (reshard may follow train in one launch)
+            by_case.setdefault(t.case.key, []).append(t)
+        chunks = [[] for _ in slots]
+        for i, group in enumerate(by_case.values()):
+            chunks[i % len(slots)].extend(group)
+        jobs = [(chunk, {**(env or {}), **slot}) for chunk, slot in zip(chunks, slots) if chunk]
+        if len(jobs) == 1:
+            return self._run_chunk(jobs[0][0], world_size, jobs[0][1])
+        results: dict[str, TaskResult] = {}
+        errors: list[BaseException] = []
+
+        def work(chunk, slot_env):
+            try:
+                got = self._run_chunk(chunk, world_size, slot_env)
+                with self._lock:
+                    results.update(got)
+            except BaseException as e:  # surfaced below, after every slot finished
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=job, daemon=True) for job in jobs]
+        for th in threads:
+            th.start()
+        try:
+            for th in threads:
+                th.join()
+        except BaseException:  # Ctrl-C in the main thread: stop the slots' launches too
+            self.stop()
+            for th in threads:
+                th.join(timeout=STOP_JOIN_S)
+            raise
+        if errors:
+            raise errors[0]
+        return results
+
+    def _run_chunk(self, tasks: list[Task], world_size: int, env: dict) -> dict:
+        feed = FixedFeed(tasks)
+        self.run_lane(feed, world_size, env)
+        return feed.results
+
+    def run_lane(self, feed: LaneFeed, world_size: int, env: dict) -> None:
+        """Launch after launch on one slot until ``feed`` closes: each launch starts with what
+        ``feed.wait`` gives and is fed while it lives; what a timeout or crash left unfinished
+        goes back with ``feed.requeue``. Results reach ``feed.finished``."""
+        retry_start = True  # one new launch after a launch that failed before its first task
+        while True:
+            tasks = feed.wait(self._stop)
+            if self._stop.is_set():
+                raise Interrupted("the run is being stopped")
+            if not tasks:
+                return
+            launch = self._launch(tasks, world_size, env, feed, retry_start)
+            got = launch.run()
+            retry_start = not launch.start_failed
+            if not got and not launch.start_failed:  # never loop forever
+                raise RuntimeError(f"launch {launch.name} produced no result")
+            left = launch.unfinished()
+            if left:
+                feed.requeue(left)
+
+    def _launch(self, tasks, world_size: int, env: dict, feed, retry_start: bool) -> Launch:
+        """A launch of ``tasks`` on slot ``env``, with everything it needs handed to it."""
+        name, d = self.new_dir()
+        settings = LaunchSettings(
+            backend=self.backend, device=self.device,
+            collective_timeout_s=self.collective_timeout_s,
+            startup_timeout_s=self.startup_timeout_s, extra_env=self.extra_env,
+            gentle_stop=bool(self.node_launcher),
+            stager=world_size in self.stager_worlds)
+        return Launch(settings, name, d, lambda plan: self.commands(plan, world_size, name),
+                      tasks, world_size, env, feed, stop=self._stop, on_record=self.add_record,
+                      retry_start=retry_start)
+
+    def new_dir(self) -> tuple[str, Path]:
+        with self._lock:
+            name = f"L{next(self._counter):03d}"
+        d = self.root / name
+        for sub in ("logs", "stacks", "progress", "results", "queue"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        return name, d
+
+    def commands(self, plan_path: Path, world_size: int, launch: str) -> list[list[str]]:
+        """The argv lists to start for one launch (no shell)."""
+        return torchrun_argvs(self, plan_path, world_size, launch)
+
+    def add_record(self, rec: LaunchRecord) -> None:
+        with self._lock:
+            self.records.append(rec)
+        for cb in self.on_record:
+            cb(rec)
+
+
+def torchrun_argvs(launcher: Launcher, plan_path: Path, world_size: int,
+                   launch: str) -> list[list[str]]:
+    """The argv lists to start for one launch of ``launcher`` (no shell)."""
+    worker = ["--max-restarts=0", "--monitor-interval=0.1", "-m", "harness.worker",
+              "--plan", str(plan_path)]
+    # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
+    # parent on the remote nodes: no --parent there)
+    parent = [] if launcher.node_launcher else ["--parent", str(os.getpid())]
+    torchrun = [launcher.python, "-m", "harness.launch.tethered", *parent, "torch.distributed.run"]
+    if launcher.nnodes == 1:
+        return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
+    if world_size % launcher.nnodes:
+        raise ValueError(f"world size {world_size} does not split over {launcher.nnodes} nodes")
+    endpoint = launcher.rdzv_endpoint or f"127.0.0.1:{procs.free_port()}"
+    agent = torchrun + [f"--nnodes={launcher.nnodes}",
+                        f"--nproc-per-node={world_size // launcher.nnodes}",
+                        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                        f"--rdzv-id={launch}-{os.getpid()}"] + worker
+    if launcher.node_launcher:
+        return [launcher.node_launcher + agent]
+    return [agent for _ in range(launcher.nnodes)]

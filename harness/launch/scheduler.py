@@ -1,0 +1,238 @@
+"""Hand case phases to long-lived launches and each case its result.
+
+A case has a ``train`` task and maybe a ``reshard`` task (``task_graph.py``: what depends on
+what, and what is ready). The scheduler runs one *lane* per (scope, world size, GPU slot): a
+thread whose launch lives as long as tasks can still come for it, fed through the lane's
+:class:`~harness.launch.feed.Feed` as tasks become ready (``launcher.py``) -- train tasks at once,
+reshard tasks once their train task saved its checkpoint, or together with it when both run on
+the same world size. A lane keeps at most ``DEPTH`` cases queued, so the slots of one world
+size share its tasks as they free up; a lane takes cases of the modules it already ran first
+(``Scheduler._affinity``: first use of a module costs seconds in each process on GPU). A run
+thus pays one process start per world size and slot, however many cases and phases there are.
+
+Results come back as each task finishes; a train task that made no checkpoint resolves its
+reshard task at once (``not_run``, with the reason). ``concurrency`` bounds how many lanes are
+*busy* (have queued or running tasks) at once -- on a small CPU box one, since launches would
+only fight over the cores; an idle lane (waiting for a dependency) costs nothing and is fed
+later without a new launch. Larger world sizes go first.
+
+The scheduler's state belongs to the thread that calls :meth:`Scheduler.result` (pytest's
+main thread): it puts tasks into the lanes' feeds and reads what the lanes post on its event
+queue (results, tasks a dead launch left, a lane's end); a lane never calls into it.
+
+Scopes keep lanes apart: without pytest-xdist there is one scope; with it, each scope is an
+xdist_group so a group's cases run on one xdist worker.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+from harness.launch.case_result import CaseResult, assemble
+from harness.launch.feed import Feed
+from harness.launch.launcher import STOP_JOIN_S, Launcher, Task
+from harness.launch.task_graph import TaskGraph
+from harness.spec.matrix import Case
+
+__all__ = ["CaseResult", "Scheduler"]
+
+DEPTH = 2  # cases a lane keeps queued (one running, one ready to start at once)
+WAIT_S = 1.0  # the longest the scheduler sleeps between looks at its lanes
+
+
+class Scheduler:
+    def __init__(self, launcher: Launcher, cases: list[Case], ckpt_root: Path,
+                 scope_of: Callable[[Case], str] = lambda c: "all",
+                 concurrency: int | None = None):
+        self.launcher = launcher
+        self.graph = TaskGraph(cases, ckpt_root, scope_of)
+        self.done = self.graph.done  # task name -> TaskResult
+        self.events: queue.Queue = queue.Queue()  # what the lanes post (Feed)
+        self._lanes: dict[tuple, list[_Lane]] = {}  # (scope, world) -> running lanes
+        self._error: BaseException | None = None
+        # busy lanes at once; None: no limit. On a small CPU box overlapping launches only
+        # fight over the cores, so the plugin passes 1 there.
+        self.concurrency = concurrency
+
+    # ------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start the lanes that have work now, as the first :meth:`result` would: the caller
+        may then do other work before it waits for a result."""
+        self._dispatch()
+
+    def result(self, case: Case) -> CaseResult:
+        try:
+            while left := self.graph.pending(case.key):
+                if self._error is not None:
+                    raise self._error
+                self._dispatch()
+                if not any(self._lanes.values()):
+                    raise RuntimeError(f"no launch can run {left[0]}")  # by construction
+                self._handle(WAIT_S)
+        except BaseException:  # Ctrl-C: stop every launch, keep what finished before it
+            self._stop_all()
+            raise
+        return assemble(case, self.graph.tasks[case.key], self.done)
+
+    def finished(self, case: Case) -> CaseResult | None:
+        """The case's result if every task of it has one (without launching), else None: what
+        an interrupted run can still record."""
+        if case.key not in self.graph.tasks or self.graph.pending(case.key):
+            return None
+        return assemble(case, self.graph.tasks[case.key], self.done)
+
+    # -- what the lanes posted ---------------------------------------------------------------
+    def _handle(self, timeout_s: float | None) -> None:
+        """Apply the lanes' events: the first waited for up to ``timeout_s`` (None: none
+        waited for), then every one already there."""
+        try:
+            event = self.events.get(timeout=timeout_s) if timeout_s else self.events.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, lane, payload = event
+            if kind == "finished":
+                self.done.update(payload)
+                lane.assigned.difference_update(payload)
+            elif kind == "requeue":
+                lane.assigned.difference_update(t.name for t in payload)
+            else:  # "end": the lane's thread is done
+                self._lanes[lane.key].remove(lane)
+                if payload is not None and self._error is None:
+                    self._error = payload
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    # -- which lane may take what ------------------------------------------------------------
+    def _held(self) -> set[str]:
+        return {n for lanes in self._lanes.values() for lane in lanes for n in lane.assigned}
+
+    def _ready(self, key: tuple) -> list[list[Task]]:
+        return self.graph.ready(key, self._held())
+
+    def _may_run(self, lane: "_Lane | None", key: tuple) -> bool:
+        """Within ``concurrency`` busy lanes; when that is bounded, the first key in order with
+        ready work goes first."""
+        if self.concurrency is None or (lane is not None and lane.assigned):
+            return True
+        busy = sum(1 for lanes in self._lanes.values() for ln in lanes if ln.assigned)
+        if busy >= self.concurrency:
+            return False
+        return next((k for k in self.graph.keys() if self._ready(k)), None) == key
+
+    def _take(self, lane: "_Lane") -> list[Task]:
+        if lane.closed or not self._may_run(lane, lane.key):
+            return []
+        cases_queued = len({n.rsplit(".", 1)[0] for n in lane.assigned})
+        ready, out = self._ready(lane.key), []
+        for _ in range(max(0, DEPTH - cases_queued)):
+            if not ready:
+                break
+            left = Counter(b[0].case.ax.get("module") for b in ready)
+            batch = min(ready, key=lambda b: self._affinity(lane, b[0].case, left))  # first best
+            ready.remove(batch)
+            lane.modules.add(batch[0].case.ax.get("module"))
+            out += batch
+        lane.assigned.update(t.name for t in out)
+        return out
+
+    def _affinity(self, lane: "_Lane", case: Case, left: Counter) -> tuple:
+        """Which case a lane takes next (the smallest): a module it ran (its launch paid that
+        module's first-use costs: TE's compiled functions, kernel and library set-up -- seconds
+        a module and process on GPU); else a module no lane of its key ran yet; else the module
+        with the most ready cases (``left``) per lane that ran it. Lanes sharing a world size
+        so specialize by module instead of each warming every module."""
+        module = case.ax.get("module")
+        if module in lane.modules:
+            return (0, 0.0)
+        warm = sum(module in ln.modules for ln in self._lanes.get(lane.key, ()) if ln is not lane)
+        return (1, 0.0) if not warm else (2, -left[module] / warm)
+
+    # -- lanes -------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Feed the open lanes, start lanes for ready work up to one per GPU slot, and close
+        the feeds of lanes that can get nothing more."""
+        for key in self.graph.keys():
+            lanes = self._lanes.setdefault(key, [])
+            for lane in lanes:
+                got = self._take(lane)
+                if got:
+                    lane.feed.put(got)
+            slots = self.launcher.slots(key[1])
+            while len(lanes) < len(slots) and self._ready(key) and self._may_run(None, key):
+                used = {ln.slot for ln in lanes}
+                slot = next(i for i in range(len(slots)) if i not in used)
+                lane = _Lane(self, key, slot, slots[slot])
+                got = self._take(lane)
+                if not got:
+                    break
+                lane.feed.put(got)
+                lanes.append(lane)
+                lane.start()
+            if not self.graph.open(key, self._held()):  # every task has a result or a lane
+                for lane in lanes:
+                    lane.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """End every lane (bounded): with every task done their feeds close and they end by
+        themselves; otherwise (the run was cut short) their launches are stopped. No process of
+        the run outlives this."""
+        if self.graph.all_done():
+            self._join_lanes()
+        else:
+            self._stop_all()
+
+    def _stop_all(self) -> None:
+        self.launcher.stop()
+        self._join_lanes()
+
+    def _join_lanes(self) -> None:
+        lanes = [ln for lanes in self._lanes.values() for ln in lanes]
+        for lane in lanes:
+            lane.close()
+        for lane in lanes:
+            lane.thread.join(timeout=STOP_JOIN_S)
+        self._handle(None)  # what the lanes posted last (results of launches cut short)
+
+
+class _Lane:
+    """One (scope, world size, GPU slot): a thread running launch after launch
+    (``Launcher.run_lane``) on its feed."""
+
+    def __init__(self, sched: Scheduler, key: tuple, slot: int, env: dict):
+        self.key, self.slot, self.env = key, slot, env
+        self.launcher = sched.launcher
+        self.feed = Feed(self, sched.events, sched.graph.timeout_s(key))
+        self.assigned: set[str] = set()  # handed to the lane, no result yet
+        self.modules: set[str] = set()  # the modules of the cases it took (Scheduler._affinity)
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"lane-{key[0]}-w{key[1]}-s{slot}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.feed.close()
+
+    def _run(self) -> None:
+        err = None
+        try:
+            self.launcher.run_lane(self.feed, self.key[1], self.env)
+        except BaseException as e:  # Interrupted / a launcher error: the waiting item raises it
+            err = e
+        self.feed.ended(err)

@@ -1,0 +1,89 @@
+"""What the scheduler hands the launcher and what comes back: a task (one phase of one case),
+its result, and the record of one torchrun launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.spec.matrix import Case
+
+
+@dataclass
+class Task:
+    name: str  # unique: "<case key>.<phase>"
+    case: Case
+    phase: str  # "train" | "reshard"
+    ckpt_dir: Path
+
+    @property
+    def world_size(self) -> int:
+        return self.case.world_sizes[0 if self.phase == "train" else 1]
+
+    def to_json(self) -> dict:
+        return dict(name=self.name, case=self.case.to_json(), phase=self.phase,
+                    ckpt_dir=str(self.ckpt_dir))
+
+
+@dataclass
+class TaskResult:
+    name: str
+    status: str  # "ok" (ran; rows say pass/fail) | "error" | "timeout" | "crash"
+    rows: list[dict] = field(default_factory=list)
+    errors: dict = field(default_factory=dict)  # rank -> traceback
+    seconds: float = 0.0
+    stacks: str = ""
+    logs: dict = field(default_factory=dict)  # rank -> log of this task
+    launch: str = ""
+    started: float = 0.0
+    ended: float = 0.0
+
+
+@dataclass
+class LaunchRecord:
+    name: str
+    world_size: int
+    tasks: int
+    wall_s: float
+    overhead_s: float  # start-up before the first task + shut-down after the last
+    returncode: int | None
+    timed_out: bool
+    gpus: str = ""  # CUDA_VISIBLE_DEVICES of the launch
+    killed: int = 0  # processes of the launch still alive at its end, killed then
+    leaked: list = field(default_factory=list)  # "pid cmdline" of processes that survived
+    gpu_held: list = field(default_factory=list)  # "pid: N MiB" still held after the launch
+    interrupted: bool = False  # stopped by Ctrl-C / SIGTERM / Launcher.stop
+    # the agents failed before any task started; "retried": its tasks went to a new launch
+    start_failed: str = ""  # "" | "retried" | "reported" (the tasks' results say crash)
+    # started before its lane had tasks (overlapping pytest's collection or another lane's
+    # work): "used" once a lane took it, "unused" when none did (its processes were ended)
+    early: str = ""  # "" | "used" | "unused"
+    # where the launch's own time went (seconds; python -m harness bench): process start,
+    # imports, process group, backend (TE) import, before the first task, after the last
+    phases: dict = field(default_factory=dict)
+    started: float = 0.0  # wall-clock start / end (overlapping launches: the union is what counts)
+    ended: float = 0.0
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def task_wall(launches: list[dict]) -> float:
+    """Seconds in which a task ran in some launch: the union of every launch's interval from
+    its first task's start to its last task's end (launch records' phases); the rest of the
+    wall is launch overhead, however many launches ran at once."""
+    intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in (
+                      "process_start", "imports", "process_group", "backend", "first_task_wait")),
+                  rec["ended"] - rec["phases"].get("teardown", 0))
+                 for rec in launches if rec.get("started") and rec.get("phases")
+                 and rec.get("tasks")]  # a launch that ran none (early, unused) ran no task
+    return _union([(a, b) for a, b in intervals if b > a])

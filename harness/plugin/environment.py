@@ -1,0 +1,87 @@
+"""Where a run's cases run: the backend object, the device, the versions and GPU capability
+the xfail registry and the run's meta read, the GPUs launches may use and the largest world
+size that fits. Torch and the backend are imported only when asked."""
+
+from __future__ import annotations
+
+import os
+
+from harness.launch import gpu
+
+
+class RunEnvironment:
+    """The run's ``backend`` (name and, lazily, ``backend_obj``), ``device`` and
+    ``max_world_size`` option; :meth:`describe` caches the versions."""
+
+    def __init__(self, backend: str, device: str, max_world_size: int | None):
+        self.backend = backend
+        # --device auto: cuda for the te backend, else cpu
+        self.device = ("cuda" if backend == "te" else "cpu") if device == "auto" else device
+        self.max_world_size = max_world_size
+        self._backend_obj = None
+        self._described: dict | None = None
+        self._cuda_usable: bool | None = None
+        self._gpu_count: int | None = None  # what the driver sees (visible_gpus)
+
+    @property
+    def backend_obj(self):
+        if self._backend_obj is None:
+            from harness import backends
+            self._backend_obj = backends.get(self.backend)
+        return self._backend_obj
+
+    def describe(self) -> dict:
+        """torch version, GPU capability, device and the backend's versions."""
+        if self._described is None:
+            import torch
+            env = {"torch": torch.__version__.split("+")[0], "capability": None,
+                   "device": self.device}
+            if self.device == "cuda" and torch.cuda.is_available():
+                major, minor = torch.cuda.get_device_capability(0)
+                env["capability"] = f"{major}.{minor}"
+            env.update(self.backend_obj.versions())
+            self._described = env
+        return self._described
+
+    def visible_gpus(self) -> list[str]:
+        """GPU ids launches may use: CUDA_VISIBLE_DEVICES if the caller set it, else all the
+        driver sees (NVML: torch is not imported for it; torch's count where NVML cannot
+        say). Whether torch can use them is :meth:`cuda_usable`'s question."""
+        if self.device != "cuda":
+            return []
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if env is not None:
+            return [g.strip() for g in env.split(",") if g.strip()]
+        if self._gpu_count is None:
+            self._gpu_count = gpu.nvml_device_count()
+            if self._gpu_count is None:
+                import torch
+                self._gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [str(i) for i in range(self._gpu_count)]
+
+    def max_world(self) -> int:
+        """--max-world-size, else the GPU count on cuda, else unlimited."""
+        if self.max_world_size:
+            return self.max_world_size
+        if self.device == "cuda":
+            return len(self.visible_gpus())
+        return 1 << 30
+
+    def cuda_usable(self) -> bool:
+        """Whether torch can run on the GPUs (a CPU-only torch on a GPU host cannot); asked
+        once the cases are collected, when the backend has imported torch anyway."""
+        if self._cuda_usable is None:
+            import torch
+            self._cuda_usable = torch.cuda.is_available()
+        return self._cuda_usable
+
+    def skip_reason(self, case, max_world: int) -> str | None:
+        """Why ``case`` cannot run here (backend capability, too few ranks), or None."""
+        need = max(case.world_sizes)
+        reason = self.backend_obj.skip_reason(case, self.device)
+        if reason is None and self.device == "cuda" and not self.cuda_usable():
+            reason = "--device cuda: torch.cuda.is_available() is False here"
+        if reason is None and need > max_world:
+            reason = (f"needs {need} ranks; --max-world-size / available "
+                      f"{'GPUs' if self.device == 'cuda' else 'ranks'}: {max_world}")
+        return reason

@@ -1,0 +1,80 @@
+"""How this process runs its cases: a work dir for checkpoints, the :class:`Launcher` (torchrun
+jobs) and the :class:`Scheduler` (which tasks go in which launch)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from harness.launch import interrupt
+from harness.launch.launcher import Launcher
+from harness.launch.scheduler import Scheduler
+from harness.plugin import options
+from harness.spec.matrix import Case
+
+
+def scope_of(case: Case) -> str:
+    """The cases one xdist worker runs together (they share launches): same world sizes."""
+    return "w" + "to".join(map(str, case.world_sizes))
+
+
+# launches at once per GPU slice unless --launches-per-gpu says otherwise (measured best of 3, 4
+# and 6 on 2x H200: reports/bench/README.md)
+LAUNCHES_PER_GPU = 4
+
+
+class Execution:
+    """The ``work`` dir, the ``launcher`` and the ``scheduler`` of this process's runnable
+    cases (the work dir is made first, so that :meth:`cleanup` removes it whatever happens
+    after)."""
+
+    def __init__(self, run_id: str, work_dir: str | None):
+        if work_dir:
+            Path(work_dir).mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix=f"harness-{run_id}-",
+                                          dir=work_dir or options.default_work_parent()))
+        self.launcher: Launcher | None = None
+        self.scheduler: Scheduler | None = None
+        self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
+
+    def make_launcher(self, *, launches_dir: Path, backend: str, device: str, gpus: list[str],
+                      nnodes: int, rdzv_endpoint: str | None, node_launcher: str | None,
+                      on_launch: Callable, launches_per_gpu: int | None = None) -> Launcher:
+        """The launcher (once); ``on_launch`` gets each launch's record. On cuda each GPU
+        slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at once."""
+        if self.launcher is None:
+            self.launcher = Launcher(
+                launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
+                rdzv_endpoint=rdzv_endpoint,
+                node_launcher=shlex.split(node_launcher) if node_launcher else None,
+                launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU)
+            self.launcher.on_record.append(on_launch)
+            self.stacks = interrupt.stacks_on_sigusr1(Path(launches_dir) / "pytest-stacks.txt")
+        return self.launcher
+
+    def start(self, cases: list[Case], *, per_scope: bool, device: str) -> None:
+        """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope
+        per world size (xdist workers), else one for all. On a small CPU box one launch runs at
+        a time (overlapping launches would only fight over the cores). The lanes start at once."""
+        self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
+                                   scope_of=scope_of if per_scope else (lambda c: "all"),
+                                   concurrency=None if device == "cuda"
+                                   else max(1, (os.cpu_count() or 1) // 4))
+        self.launcher.expect(cases)
+        self.scheduler.begin()
+
+    def shutdown(self) -> None:
+        """The lanes end: at once if every case has its result, else they are stopped (a run
+        cut short by -x, --maxfail or Ctrl-C). Bounded."""
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+
+    def cleanup(self, keep_work: bool) -> None:
+        interrupt.no_stacks_on_sigusr1(self.stacks)
+        self.stacks = None
+        if not keep_work:
+            shutil.rmtree(self.work, ignore_errors=True)

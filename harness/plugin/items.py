@@ -1,0 +1,133 @@
+"""The pytest nodes of a scenario run: a scenario file (:class:`ScenarioFile`) holds one
+:class:`CaseItem` per case.
+
+A case item asks the session's scheduler for its result, judges it against its xfail registry
+entries (``verdict.judge``) and raises :class:`CaseFailed` (what a strict xfail marker expects)
+or :class:`XfailMismatch` (registered, but failing another way). :meth:`CaseItem.info` is the
+plain-data dict its test report carries (``report.harness``): rows, outcome, repro, launches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.checks.outcomes import COVERAGE
+from harness.launch.scheduler import CaseResult
+from harness.plugin.failure_text import CaseFailed, XfailMismatch, one_line
+from harness.spec.matrix import Case
+from harness.verdict import judge as verdict_mod
+from harness.verdict import registry
+from harness.verdict.mutation_score import NEW_VS_CLEAN, NO_NEW_FAILURE
+
+STASH = pytest.StashKey[object]()  # the run's HarnessSession (plugin/hooks.py)
+
+
+class ScenarioFile(pytest.File):
+    def collect(self):
+        hs = self.config.stash[STASH]
+        for case in hs.selection.cases[self.path.stem]:
+            yield CaseItem.from_parent(self, name=case.id, case=case)
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case: Case, **kw):
+        super().__init__(**kw)
+        self.case = case
+        self.result: CaseResult | None = None
+        self.entries: list[registry.Entry] = []
+        self.verdict: verdict_mod.Verdict | None = None
+        # a case with a bug switched on: the entries of its clean twin, and what they miss
+        self.clean_entries: list[registry.Entry] | None = None
+        self.vs_clean: verdict_mod.Verdict | None = None
+        self.skip_reason = ""
+        self.add_marker("harness_case")
+        for m in case.marks:  # scenario 'marks' (e.g. ci: the representative slice)
+            self.add_marker(m)
+
+    @property
+    def hs(self):
+        return self.config.stash[STASH]
+
+    def runtest(self):
+        self.result = res = self.hs.scheduler.result(self.case)
+        self.verdict = v = verdict_mod.judge(res.rows, res.status, res.errors, self.entries)
+        if self.clean_entries is not None:
+            self.vs_clean = verdict_mod.judge(res.rows, res.status, res.errors,
+                                              self.clean_entries)
+        if v.outcome in (verdict_mod.PASSED, verdict_mod.XPASSED):
+            return  # XPASSED: the strict xfail marker makes pytest fail it ("remove entry N")
+        text = self.hs.failure_text(self, res)
+        if v.outcome == verdict_mod.XFAILED:
+            raise CaseFailed(text)
+        if self.entries:
+            raise XfailMismatch(f"{v.message}\n{text}")
+        raise CaseFailed(text)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (CaseFailed, XfailMismatch)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, 0, self.name
+
+    def info(self) -> dict:
+        res, hs = self.result, self.hs
+        out = dict(run_id=hs.run_id, case_id=self.case.id, case_key=self.case.key,
+                   scenario=self.case.scenario, backend=self.case.backend, device=hs.device,
+                   axes=[list(a) for a in self.case.axes], repro=hs.repro(self),
+                   skip_reason=self.skip_reason,
+                   xfail_entry=self.entries[0].number if self.entries else None,
+                   xfail_entries=[e.number for e in self.entries],
+                   xfail_reason=" | ".join(e.reason for e in self.entries))
+        if res is not None:
+            rows = res.rows
+            if self.verdict is not None:
+                rows = coverage_rows(res.rows, self.verdict)
+            if self.vs_clean is not None:
+                rows = rows + new_vs_clean_rows(self.vs_clean)
+            out.update(status=res.status, seconds=res.seconds, rows=rows,
+                       launches=res.launches, summary=one_line(res))
+        out["launch_records"] = hs.record.pop_launch_records()
+        return out
+
+
+def coverage_rows(rows: list[dict], v: "verdict_mod.Verdict") -> list[dict]:
+    """The rows with each coverage row's status as the verdict has it (xfailed where every
+    failure of the unit is explained)."""
+    out = []
+    for r in rows:
+        if r.get("metric") == COVERAGE and r["check"] in v.coverage:
+            status, _ = v.coverage[r["check"]]
+            r = dict(r, outcome=status)
+        out.append(r)
+    return out
+
+
+def new_vs_clean_rows(v: "verdict_mod.Verdict") -> list[dict]:
+    """One ``new_vs_clean`` row per failure of a bug-switched case that its clean twin's xfail
+    entries do not explain (what caught the bug; ``mutation_score`` reads them), or one
+    ``clean_twin/*`` row saying there is none (not ``case``: those rows are the cases')."""
+    nan = float("nan")
+    base = dict(metric=NEW_VS_CLEAN, value=nan, tolerance=nan, outcome="info")
+    seen, out = set(), []
+    for r in v.unexplained:
+        k = (r.get("phase", ""), r["check"], r["quantity"])
+        if k not in seen:
+            seen.add(k)
+            out.append(dict(base, phase=k[0], check=k[1], quantity=k[2],
+                            detail="not explained by the clean case's xfail entries"))
+    return out or [dict(base, phase="", check=NO_NEW_FAILURE, quantity="*",
+                        detail="every failure is one the clean case's xfail entries explain")]
+
+
+def of_world_size(items: list, only: int | None) -> tuple[list, list]:
+    """(kept, dropped) items for ``--world-size only``: case items whose largest world size
+    is not ``only`` are dropped; other items and, without the option, all are kept."""
+    if not only:
+        return items, []
+    keep, dropped = [], []
+    for i in items:
+        (keep if not isinstance(i, CaseItem) or max(i.case.world_sizes) == only
+         else dropped).append(i)
+    return keep, dropped

@@ -1,0 +1,54 @@
+"""The xfail registry applied to a run: each case's matching entries, the workarounds they
+name, the strict xfail marker, and the warning for entries no case of the run matched."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+
+from harness.plugin.failure_text import CaseFailed
+from harness.verdict import registry
+from harness.worker.workarounds import WORKAROUNDS
+
+
+def workarounds(entries: list[registry.Entry]) -> tuple[tuple[str, str], ...]:
+    """(unit, workaround) for each failing unit an entry's workaround can stand in for."""
+    return tuple((f.check, e.workaround) for e in entries if e.workaround
+                 for f in e.fails if f.check in WORKAROUNDS[e.workaround].units)
+
+
+class RegistryMatch:
+    """The loaded ``registry`` and what matching it does to a run's case items."""
+
+    def __init__(self, reg: registry.Registry):
+        self.registry = reg
+
+    @property
+    def path(self):
+        return self.registry.path
+
+    def apply(self, item, device: str, env: dict) -> None:
+        """Give ``item`` its entries, the case its workarounds and the strict xfail marker;
+        a registry error is a usage error."""
+        try:
+            entries = self.registry.match(item.case, device, env)
+            item.clean_entries = self.registry.clean_twin_entries(item.case, device, env)
+        except registry.RegistryError as e:
+            raise pytest.UsageError(str(e)) from None
+        if entries:
+            item.entries = entries
+            item.case = dataclasses.replace(item.case, workarounds=workarounds(entries))
+            item.add_marker(pytest.mark.xfail(
+                reason=" | ".join(e.xfail_reason() for e in entries), strict=True,
+                raises=CaseFailed))
+
+    def warn_stale(self, collected: dict, backend: str) -> None:
+        """A warning for each entry of a scenario that ran that matched none of its cases
+        (``collected``: case id -> (outcome, info))."""
+        ran = {info["scenario"] for o, info in collected.values() if o != "skipped"}
+        for e in self.registry.stale(ran, backend):
+            warnings.warn(pytest.PytestWarning(
+                f"{e.label} matched no case of this run ({e.reason}); remove it if the "
+                f"failure is gone for good"))

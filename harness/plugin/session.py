@@ -1,0 +1,187 @@
+"""One pytest run (or one xdist worker): :class:`HarnessSession` connects the parts, each in
+its module -- ``selection`` (scenarios -> cases), ``environment`` (device, versions, GPUs),
+``registry_match`` (xfail entries per case), ``execution`` (work dir, launcher, scheduler),
+``failure_text`` (failure text, repro), ``results.run_record`` (outcomes, reports, terminal
+summary) and ``items`` (the pytest nodes) -- and holds the hooks that need the run's state.
+
+Running: at collection's end the :class:`Scheduler` starts a lane per world size and GPU slot;
+each item then waits for its own result. Rows travel on the test report (``report.harness``),
+so with xdist the controller gets them too; at session end they are written to ``reports/``
+and summarized in the terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.launch import interrupt
+from harness.launch.case_result import CaseResult
+from harness.plugin import interrupted, options
+from harness.plugin.environment import RunEnvironment
+from harness.plugin.execution import Execution, scope_of
+from harness.plugin.failure_text import FailureFormatter
+from harness.plugin.items import CaseItem, of_world_size
+from harness.plugin.registry_match import RegistryMatch
+from harness.plugin.selection import ScenarioSelection, project_root
+from harness.results import write as results
+from harness.results.run_record import RunRecord
+from harness.spec.matrix import Case
+from harness.verdict import registry
+
+
+class HarnessSession:
+    """One pytest run (or one xdist worker): its parts, and the hooks that connect them.
+
+    ``selection`` (ScenarioSelection: scenarios, cases, backend), ``env`` (RunEnvironment:
+    device, versions, GPUs), ``xfails`` (RegistryMatch), ``failures`` (FailureFormatter),
+    ``record`` (RunRecord: outcomes, launch records, reports, terminal summary) and, once
+    collection found runnable cases, ``execution`` (work dir, launcher, scheduler).
+    """
+
+    def __init__(self, config, names: list[str]):
+        self.config = config
+        t0 = time.time()
+        here = Path(config.invocation_params.dir)
+        self.root = root = project_root(config)
+        self.selection = sel = ScenarioSelection(
+            Path(config.getoption("scenario_dir") or root / "scenarios"), names,
+            config.getoption("backend"), config.getoption("case_timeout"))
+        for mark, file_name in sel.marks:
+            config.addinivalue_line("markers", f"{mark}: scenario mark (see {file_name})")
+        self.env = RunEnvironment(sel.backend, config.getoption("device"),
+                                  config.getoption("max_world_size"))
+        self.backend, self.device = sel.backend, self.env.device
+        reg_path = Path(config.getoption("xfail_registry") or sel.scenario_dir / "xfails.yaml")
+        self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"}))
+        winput = getattr(config, "workerinput", None)
+        self.worker_id = winput["workerid"] if winput else None
+        self.run_id = (winput.get("harness_run_id") if winput else None) or results.new_run_id()
+        rd = config.getoption("report_dir")
+        # absolute: launches run with their own working directory
+        report_dir = (here / Path(rd).expanduser() if rd else root / "reports").resolve()
+        if not config.getoption("collectonly") and self.worker_id is None:
+            options.check_writable("--report-dir", report_dir)  # launches log there too
+            if config.getoption("work_dir"):
+                options.check_writable("--work-dir", Path(config.getoption("work_dir")))
+        self.record = RunRecord(t0, report_dir, not config.getoption("no_report"),
+                                self.worker_id)
+        self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
+                                         report_dir / "runs" / self.run_id / "launches")
+        self.execution: Execution | None = None
+        self.selected_items: dict[str, CaseItem] = {}  # case id -> item (this process)
+        self.selected_cases: dict[str, Case] = {}  # xdist controller: case id -> case
+        self.sigterm_handler = None
+
+    # --- what items and interrupt.py ask for -----------------------------------------------
+    @property
+    def scheduler(self):
+        return self.execution.scheduler if self.execution is not None else None
+
+    def repro(self, item) -> str:
+        return self.failures.repro(item)
+
+    def failure_text(self, item, res: CaseResult) -> str:
+        return self.failures.text(item, res)
+
+    # --- collection -------------------------------------------------------------------------
+    def pytest_report_header(self, config) -> list[str]:
+        note = self.selection.backend_note
+        return [f"harness: {note}"] if note else []
+
+    @pytest.hookimpl(trylast=True)  # after -k / -m deselection
+    def pytest_collection_modifyitems(self, items) -> None:
+        """Skip markers (world size, capability), strict xfails (registry), xdist groups."""
+        keep, dropped = of_world_size(items, self.config.getoption("world_size"))
+        if dropped:
+            self.config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+        env, max_world = self.env.describe(), self.env.max_world()
+        xdist = self.worker_id is not None
+        for item in items:
+            if not isinstance(item, CaseItem):
+                continue
+            reason = self.env.skip_reason(item.case, max_world)
+            if reason:
+                item.skip_reason = reason
+                item.add_marker(pytest.mark.skip(reason=reason))
+                continue
+            self.xfails.apply(item, self.device, env)
+            if xdist:
+                item.add_marker(pytest.mark.xdist_group(scope_of(item.case)))
+
+    def note_selected(self, nodeids) -> None:
+        """xdist controller: the selected cases, from a worker's collected node ids."""
+        by_id = self.selection.by_id()
+        for nid in nodeids:
+            case = by_id.get(str(nid).rsplit("::", 1)[-1])
+            if case is not None:
+                self.selected_cases[case.id] = case
+
+    def pytest_collection_finish(self, session) -> None:
+        items = [i for i in session.items if isinstance(i, CaseItem)]
+        self.selected_items = {i.case.id: i for i in items}
+        if not items:
+            pytest.exit(f"--scenario {' '.join(self.selection.names)} selected zero cases "
+                        f"(backend {self.backend}, after -k/-m selection): nothing would be "
+                        f"checked", returncode=pytest.ExitCode.USAGE_ERROR)
+        runnable = [i.case for i in items if not i.skip_reason]
+        if self.config.getoption("collectonly") or not runnable:
+            return
+        self.execution = self._execution()
+        self.execution.start(runnable, per_scope=self.worker_id is not None, device=self.device)
+        if self.worker_id is None and self.record.write_reports:
+            results.import_writers()  # while the lanes start, not after the last one ended
+
+    # --- outcomes and the end of the run ----------------------------------------------------
+    def pytest_runtest_logreport(self, report) -> None:
+        self.record.add_report(report)
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal summary prints the paths
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        with interrupt.deferred():  # a second Ctrl-C must not cut the history write short
+            try:
+                if self.execution is not None:  # the lanes end (bounded) and record themselves
+                    self.execution.shutdown()
+                if self.worker_id is None:  # xdist workers: the controller writes the report
+                    self._finish(exitstatus)
+                elif hasattr(self.config, "workeroutput"):
+                    self.config.workeroutput["harness_launch_records"] = \
+                        self.record.pop_launch_records()
+            finally:
+                if self.execution is not None:
+                    self.execution.cleanup(self.config.getoption("keep_work"))
+        if self.record.report_error and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run's record is lost
+
+    def _finish(self, exitstatus) -> None:
+        rec = self.record
+        stopped = exitstatus == pytest.ExitCode.INTERRUPTED  # Ctrl-C / SIGTERM
+        rec.launch_records += rec.pop_launch_records()  # launches that ended after the reports
+        if stopped:
+            for cid, outcome, info in interrupted.unfinished(self, rec.collected):
+                rec.collected[cid] = (outcome, info)
+        if rec.collected and rec.write_reports:
+            meta = results.run_meta(self.root, self.device, self.backend, self.env.describe())
+            rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
+        if stopped or not rec.collected:
+            return
+        self.xfails.warn_stale(rec.collected, self.backend)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.record.collected and self.worker_id is None:
+            self.record.terminal_summary(terminalreporter, self.selection.backend_note)
+
+    def _execution(self) -> Execution:
+        """The run's work dir, launcher and (then) scheduler."""
+        ex = Execution(self.run_id, self.config.getoption("work_dir"))
+        launches = self.record.report_dir / "runs" / self.run_id / "launches"
+        ex.make_launcher(
+            launches_dir=launches / self.worker_id if self.worker_id else launches,
+            backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
+            on_launch=self.record.on_launch,
+            **{k: self.config.getoption(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
+                                                     "launches_per_gpu")})
+        return ex

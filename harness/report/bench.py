@@ -1,0 +1,167 @@
+"""``python -m harness bench``: run scenarios and show where the time goes.
+
+    python -m harness bench --label cpu-smoke -- --scenario smoke
+    python -m harness bench --label h200x2-te -- --scenario fsdp2_tp_dcp --backend te
+
+Runs ``pytest <args>`` with a report directory of its own (a benchmark, not a timed test), then
+reads that run's history and launch records and prints:
+
+* wall time, cases checked (passed + xfailed + failed), GPUs, and **checked cases per
+  GPU-minute** (on CPU: per minute);
+* the launches' own phases (process start, imports, process group, backend import, waiting
+  for the first task, teardown) and the share of wall time no task ran (launch overhead: the
+  union of the launches' task intervals against the wall);
+* seconds per producer and check (summed over cases, the slowest rank each), total and per
+  case;
+* the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs.
+
+``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from harness.launch.tasks import task_wall
+
+PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown",
+          "ranks_exit", "agents_exit", "cleanup")  # the last three: the teardown split
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--label", required=True, help="name of this measurement (file name)")
+    p.add_argument("--out", default="reports/bench", help="where <label>.json goes")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                   help="after --: the pytest arguments (e.g. --scenario smoke)")
+
+
+class GpuSampler:
+    """Mean GPU utilization over the run from nvidia-smi (None without GPUs)."""
+
+    def __init__(self, period_s: float = 0.5):
+        self.period_s, self.samples, self._stop = period_s, [], threading.Event()
+        self.available = shutil.which("nvidia-smi") is not None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
+                                      "--format=csv,noheader,nounits"], capture_output=True,
+                                     text=True, timeout=5).stdout
+                self.samples.append([float(x) for x in out.split()])
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            self._stop.wait(self.period_s)
+
+    def __enter__(self):
+        if self.available:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.available:
+            self._thread.join(timeout=10)
+
+    def busy_share(self) -> float | None:
+        vals = [v for s in self.samples for v in s]
+        return sum(vals) / len(vals) / 100 if vals else None
+
+    def gpus(self) -> int:
+        return max((len(s) for s in self.samples), default=0)
+
+
+def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
+              busy: float | None, t0: float | None = None) -> dict:
+    cases = df[(df["check"] == "case") & (df["metric"] == "duration_s")]
+    outcomes = cases["case_outcome"].value_counts().to_dict()
+    checked = sum(outcomes.get(o, 0) for o in ("passed", "xfailed", "failed"))
+    launches = meta.get("launches", [])
+    phases = {p: sum(rec.get("phases", {}).get(p, 0.0) for rec in launches) for p in PHASES}
+    busy_wall = task_wall(launches)
+    starts = [rec["started"] for rec in launches if rec.get("started")]
+    ends = [rec["ended"] for rec in launches if rec.get("ended")]
+    session = {}  # pytest's own time before the first launch and after the last one
+    if t0 is not None and starts and ends:
+        session = dict(before_first_launch_s=round(min(starts) - t0, 2),
+                       after_last_launch_s=round(t0 + wall - max(ends), 2))
+    t = df[(df["quantity"] == "time") & (df["metric"] == "seconds")]
+    units = (t.groupby(["phase", "check"])["value"].agg(["sum", "count"])
+             .sort_values("sum", ascending=False))
+    n = max(len(cases), 1)
+    return dict(
+        wall_s=wall, cases=len(cases), outcomes=outcomes, checked=checked, gpus=gpus,
+        checked_per_gpu_minute=(checked / (gpus * wall / 60)) if gpus else None,
+        checked_per_minute=checked / (wall / 60),
+        launches=len(launches), launch_phases_s=phases, session_s=session,
+        launch_overhead_share=max(0.0, 1 - busy_wall / wall) if wall else None,
+        gpu_busy_share=busy,
+        units=[dict(phase=ph, unit=u, total_s=round(r["sum"], 3), per_case_s=round(r["sum"] / n, 4),
+                    count=int(r["count"])) for (ph, u), r in units.iterrows()],
+        device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
+        te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"))
+
+
+def render(label: str, s: dict) -> str:
+    lines = [f"{label}: {s['cases']} cases ({s['outcomes']}) in {s['wall_s']:.1f} s wall, "
+             f"{s['launches']} launch(es)"]
+    if s["gpus"]:
+        lines.append(f"  checked cases per GPU-minute: {s['checked_per_gpu_minute']:.1f} "
+                     f"({s['checked']} on {s['gpus']} GPUs); GPU busy share: "
+                     f"{s['gpu_busy_share']:.0%}" if s["gpu_busy_share"] is not None else "")
+    lines.append(f"  checked cases per minute: {s['checked_per_minute']:.1f}; launch overhead "
+                 f"(no task running): {s['launch_overhead_share']:.0%} of wall")
+    if s.get("session_s"):
+        lines.append("  pytest alone (s): " + ", ".join(f"{k} {v:.1f}"
+                                                      for k, v in s["session_s"].items()))
+    lines.append("  launch phases (s, summed over launches): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in s["launch_phases_s"].items()))
+    lines.append("  seconds per producer / check (sum over cases; per case):")
+    for u in s["units"]:
+        lines.append(f"    {u['phase']:>7} {u['unit']:<28} {u['total_s']:8.2f}  {u['per_case_s']:.3f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    pytest_args = [a for a in args.pytest_args if a != "--"]
+    if not pytest_args:
+        print("give the pytest arguments after --, e.g. -- --scenario smoke", file=sys.stderr)
+        return 2
+    given = next((pytest_args[i + 1] for i, a in enumerate(pytest_args[:-1])
+                  if a == "--report-dir"), None)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        report_dir = given or tmp  # a --report-dir in the arguments keeps the run's files
+        argv = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider"]
+        if not given:
+            argv[3:3] = ["--report-dir", tmp]
+        with GpuSampler() as sampler:
+            t0 = time.time()
+            rc = subprocess.run(argv, timeout=6 * 3600).returncode
+            wall = time.time() - t0
+        hist = sorted(Path(report_dir, "history").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        metas = sorted(Path(report_dir, "runs").glob("*/meta.json"),
+                       key=lambda p: p.stat().st_mtime)
+        if not hist or not metas:
+            print(f"the run wrote no history (pytest exit {rc})", file=sys.stderr)
+            return 2
+        df = pd.read_parquet(hist[-1])
+        meta = json.loads(metas[-1].read_text())
+    s = summarize(df, meta, wall, sampler.gpus(), sampler.busy_share(), t0)
+    s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc)
+    print(render(args.label, s))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.label}.json").write_text(json.dumps(s, indent=1, default=str))
+    print(f"wrote {out / (args.label + '.json')}")
+    return 0

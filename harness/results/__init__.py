@@ -1,0 +1,3 @@
+"""Stage 7, the results: each case's verdict and rows -> the run's record (coverage rows made
+from the verdict, the terminal summary) -> ``reports/history/<run>.parquet``, summary.csv and
+meta.json. Receives what the plugin collected; hands files to the report stage."""

@@ -1,0 +1,146 @@
+"""Expand a scenario's axes into cases: deterministic order, readable ids.
+
+    fsdp2_tp_dcp[bf16-dp2xtp2-LayerNormMLP-async_thread-to_dp4]
+
+Values appear in axis order (recipe, mesh, module, dcp, reshard, then extra axes in file
+order). With ``cases``, only combinations matching one of its selections are kept (an axis a
+selection does not name takes all its values); a case matching an ``exclude`` rule is dropped.
+Both use glob values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.spec import catalog
+from harness.spec.mesh import MeshSpec, parse_mesh
+from harness.spec.models import ModelRef
+from harness.spec.scenario import ModelDims, ScenarioError, ScenarioSpec, TrainSpec
+
+
+@dataclass(frozen=True)
+class Case:
+    scenario: str
+    backend: str
+    axes: tuple[tuple[str, str], ...]
+    model: ModelDims
+    train: TrainSpec
+    checks: tuple[str, ...]  # the scenario's checks that apply to this case
+    tolerances: dict = field(hash=False, compare=False, default_factory=dict)
+    timeout_s: float = 180.0
+    marks: tuple[str, ...] = ()
+    # producer -> workaround name, from the case's xfail entries (set by the plugin)
+    workarounds: tuple[tuple[str, str], ...] = field(default=(), hash=False, compare=False)
+    # the factory the module axis value names (harness/models.py); None for built-in modules
+    model_ref: ModelRef | None = None
+
+    @property
+    def ax(self) -> dict[str, str]:
+        return dict(self.axes)
+
+    @property
+    def recipe(self) -> str:
+        return self.ax["recipe"]
+
+    @property
+    def mesh(self) -> MeshSpec:
+        return parse_mesh(self.ax["mesh"])
+
+    @property
+    def target(self) -> MeshSpec | None:
+        r = self.ax["reshard"]
+        return None if r == catalog.RESHARD_NONE else parse_mesh(r[len(catalog.RESHARD_PREFIX):])
+
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        t = self.target
+        return (self.mesh.world_size,) + ((t.world_size,) if t else ())
+
+    @property
+    def task(self) -> str:
+        """What the module is trained on (catalog.TASKS): inputs, targets, loss."""
+        if self.model_ref is not None:
+            return self.model_ref.task
+        return catalog.MODULE_TASKS[self.ax["module"]]
+
+    @property
+    def label(self) -> str:
+        return "-".join(v for _, v in self.axes)
+
+    @property
+    def id(self) -> str:
+        return f"{self.scenario}[{self.label}]"
+
+    @property
+    def key(self) -> str:
+        """File-system safe and unique across scenarios and backends."""
+        return f"{self.scenario}.{self.backend}.{self.label}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(scenario=self.scenario, backend=self.backend, axes=[list(a) for a in self.axes],
+                    model=asdict(self.model), train=asdict(self.train), checks=list(self.checks),
+                    tolerances=self.tolerances, timeout_s=self.timeout_s, marks=list(self.marks),
+                    workarounds=[list(w) for w in self.workarounds],
+                    model_ref=self.model_ref.to_json() if self.model_ref else None)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Case":
+        return cls(scenario=d["scenario"], backend=d["backend"],
+                   axes=tuple(tuple(a) for a in d["axes"]), model=ModelDims(**d["model"]),
+                   train=TrainSpec(**d["train"]), checks=tuple(d["checks"]),
+                   tolerances=d["tolerances"], timeout_s=d["timeout_s"], marks=tuple(d["marks"]),
+                   workarounds=tuple(tuple(w) for w in d.get("workarounds", ())),
+                   model_ref=ModelRef.from_json(d.get("model_ref")))
+
+
+def _matches(axes: dict[str, str], rules: list[dict[str, list[str]]]) -> bool:
+    """True when ``axes`` matches every key of at least one rule (values are globs)."""
+    return any(all(any(fnmatch.fnmatchcase(axes[a], p) for p in pats) for a, pats in rule.items())
+               for rule in rules)
+
+
+def expand(spec: ScenarioSpec, backend: str = catalog.DEFAULT_BACKEND) -> list[Case]:
+    """All cases of ``spec`` for ``backend``, in deterministic order.
+
+    Raises ScenarioError when a mesh cannot split the model dims, or when excludes leave
+    nothing to run.
+    """
+    names = list(spec.axes)
+    value_lists = [spec.axis_values(a, backend) for a in names]
+    cases = []
+    for combo in itertools.product(*value_lists):
+        axes = dict(zip(names, combo))
+        coords = {**axes, "backend": backend}  # rules may also select a backend
+        if spec.cases is not None and not _matches(coords, spec.cases):
+            continue
+        if _matches(coords, spec.exclude):
+            continue
+        model = next((dims for sel, dims in spec.model_overrides if _matches(coords, [sel])),
+                     spec.model)
+        ref = spec.models.get(axes["module"])
+        for axis in ("mesh", "reshard"):
+            v = axes[axis]
+            if v != catalog.RESHARD_NONE:
+                target = v[len(catalog.RESHARD_PREFIX):] if axis == "reshard" else v
+                model.check_mesh(parse_mesh(target), f"axes.{axis} '{v}'", spec.path)
+                if ref is not None and ref.tp_plan is None and parse_mesh(target).tp > 1:
+                    raise ScenarioError(f"{spec.path}: axes.{axis} '{v}': model "
+                                        f"'{ref.name}' ({ref.origin}) has no tp_plan; a TP "
+                                        f"mesh needs one")
+        checks = tuple(c for c in spec.checks if catalog.check_applies(c, axes))
+        train = spec.train  # axis 'seed' (calibration): the case's seed for init and data
+        if "seed" in axes:
+            train = dataclasses.replace(train, seed=int(axes["seed"]))
+        marks = tuple(m for m, rules in spec.marks.items() if _matches(coords, rules))
+        cases.append(Case(scenario=spec.name, backend=backend, axes=tuple(axes.items()),
+                          model=model, train=train, checks=checks,
+                          tolerances=spec.tolerances, timeout_s=spec.timeout_s, marks=marks,
+                          model_ref=ref))
+    if not cases:
+        raise ScenarioError(f"{spec.path}: cases/exclude: the rules leave no case of the matrix "
+                            f"for backend {backend}")
+    return cases

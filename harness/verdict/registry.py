@@ -1,0 +1,379 @@
+"""Known failures: ``scenarios/xfails.yaml``.
+
+Each entry selects cases by scenario coordinates (axis values, lists or globs; plus
+``scenario``, ``backend``, ``device``), optionally narrowed by installed versions and GPU
+compute capability, names exactly how the cases fail, and says why and where that is tracked::
+
+    entries:
+      - match: {scenario: fix_verification, fixes: no_optimizer_dtensor_state}
+        versions: {te: ">=2.0,<2.21"}        # PEP 440 specifiers, optional
+        capability: ">=9.0,<10.0"            # CUDA compute capability, optional
+        fails:                               # one failure, or a list of them
+          - {check: optimizer_state_placement}
+          - {check: reshard_load, message: "Size mismatch .*exp_avg"}   # regex on the detail
+          - {check: dcp_roundtrip, quantity: state}
+          - {check: reshard, quantity: next_loss, strict: false}   # may happen (say why)
+          - {check: reshard, quantity: state, up_to: {n_diff: 100}}  # known size, measured
+          - {check: reshard, quantity: next_params, beyond: {rel_l2: 0.06}}  # a bug on top
+        workaround: load_without_extra_state  # optional, see harness/workarounds.py
+        reason: FusedAdam keeps optimizer states as plain tensors
+        link: https://github.com/NVIDIA/TransformerEngine/pull/2795
+
+``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
+``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
+(``harness/verdict.py``): an entry explains only the failures it names; any other failure of
+the case fails it, naming the entry and what is unexplained. Several entries may apply to one
+case when they name different checks, different quantities of one check, or one check with
+different messages (two that would explain the same failing row are an error). Strictness: a
+named check that ran and passed, or a case that passed, is an XPASS failure ("remove entry N").
+A failure marked ``strict: false`` explains a row when it happens and is not required to: for a
+symptom that depends on the values (e.g. whether a re-quantization rounds back to the same
+scale, which differs between CPUs whose matmuls round differently); the entry's reason must say
+so, and every entry must name at least one strict failure.
+Sizes: ``up_to: {metric: X}`` (metrics ``max_abs``, ``rel_l2``, ``n_diff`` of a comparison)
+explains a failing comparison only while each named metric is <= X -- a known failure whose
+size was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"); set X
+from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
+only when each is > X, and a strict one must happen that large: a second bug on top of a known
+failure of the same quantity. Two failures with disjoint sizes do not overlap.
+Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
+recipe the GPU cannot run) are skips decided by the backend, never entries here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from harness.spec.matrix import Case
+
+CASE_KEYS = ("scenario", "backend", "device")
+CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
+ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link"}
+FAILURE_KEYS = {"check", "quantity", "message", "strict", "up_to", "beyond"}
+SIZE_METRICS = ("max_abs", "rel_l2", "n_diff")
+
+
+class RegistryError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure an entry names: a unit (check / producer / case), optionally one quantity
+    of it, a regex searched in the failing row's detail and the size it fails by: ``up_to``
+    (explains a comparison only while each named metric is at most that: a known failure
+    cannot hide a larger one) or ``beyond`` (only while each is larger: a bug on top of a
+    known failure of the same quantity)."""
+    check: str
+    quantity: str | None = None
+    message: str | None = None
+    strict: bool = True  # must happen where its check runs (False: may happen)
+    up_to: tuple[tuple[str, float], ...] = ()   # (metric, largest value explained)
+    beyond: tuple[tuple[str, float], ...] = ()  # (metric, value it must exceed)
+
+    def matches(self, row: dict) -> bool:
+        """The row is of this check / quantity / message, whatever its size."""
+        return (row["check"] == self.check
+                and (self.quantity is None or row["quantity"] == self.quantity)
+                and (self.message is None or re.search(self.message, row.get("detail", ""))
+                     is not None))
+
+    def happened(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        """Matches and is at least as large as ``beyond`` asks (``values``: metric -> value of
+        the row's comparison; default the row's own)."""
+        v = _values(row, values)
+        return self.matches(row) and all(m in v and v[m] > b for m, b in self.beyond)
+
+    def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        v = _values(row, values)
+        return self.happened(row, v) and all(m not in v or v[m] <= b for m, b in self.up_to)
+
+    def too_large(self, row: dict, values: dict[str, float] | None = None) -> list[str]:
+        """'metric value > bound' for each ``up_to`` the row's comparison exceeds."""
+        v = _values(row, values)
+        return [f"{m} {v[m]:.4g} > {b:.4g}" for m, b in self.up_to if m in v and not v[m] <= b]
+
+    def overlaps(self, other: "Failure") -> bool:
+        """Would one failing row be explained by both? Same check, quantities not disjoint,
+        not told apart by two different messages, and sizes not disjoint."""
+        return (self.check == other.check
+                and (self.quantity is None or other.quantity is None
+                     or self.quantity == other.quantity)
+                and (self.message is None or other.message is None
+                     or self.message == other.message)
+                and not _disjoint(self, other) and not _disjoint(other, self))
+
+    def __str__(self) -> str:
+        s = self.check + (f"/{self.quantity}" if self.quantity else "")
+        s += f" /{self.message}/" if self.message else ""
+        s += "".join(f" {m}<={b:g}" for m, b in self.up_to)
+        s += "".join(f" {m}>{b:g}" for m, b in self.beyond)
+        return s + ("" if self.strict else " (may)")
+
+
+def _values(row: dict, values: dict | None) -> dict:
+    if values is not None:
+        return values
+    v = row.get("value")
+    return {row.get("metric"): v} if isinstance(v, (int, float)) else {}
+
+
+def _disjoint(a: Failure, b: Failure) -> bool:
+    """a's up_to ends where b's beyond starts, on some metric."""
+    lo = dict(b.beyond)
+    return any(m in lo and hi <= lo[m] for m, hi in a.up_to)
+
+
+@dataclass
+class Entry:
+    number: int  # 1-based position in the file: "entry N"
+    line: int
+    match: dict[str, list[str]]
+    reason: str
+    fails: tuple[Failure, ...]
+    link: str = ""
+    versions: dict[str, SpecifierSet] = field(default_factory=dict)
+    capability: SpecifierSet | None = None
+    workaround: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"xfail entry {self.number} (xfails.yaml line {self.line})"
+
+    def xfail_reason(self) -> str:
+        s = f"{self.label}: {', '.join(map(str, self.fails))} fails: {self.reason}"
+        if self.link:
+            s += f" [{self.link}]"
+        return s + f" -- if this passes, remove xfail entry {self.number}"
+
+    @property
+    def checks(self) -> set[str]:
+        return {f.check for f in self.fails}
+
+    def selects(self, coords: dict[str, str]) -> bool:
+        for key, pats in self.match.items():
+            if key not in coords or not any(fnmatch.fnmatchcase(coords[key], p) for p in pats):
+                return False
+        return True
+
+    def applies(self, env: dict[str, str | None]) -> bool:
+        """Versions / capability of this environment are within the entry's ranges."""
+        for pkg, spec in self.versions.items():
+            v = env.get(pkg)
+            if v is None:
+                return False
+            try:
+                if Version(v) not in spec:
+                    return False
+            except InvalidVersion:
+                return False
+        if self.capability is not None:
+            cap = env.get("capability")
+            if cap is None or Version(cap) not in self.capability:
+                return False
+        return True
+
+    def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        return any(f.explains(row, values) for f in self.fails)
+
+
+def coords(case: Case, device: str) -> dict[str, str]:
+    return {"scenario": case.scenario, "backend": case.backend, "device": device, **case.ax}
+
+
+class Registry:
+    def __init__(self, entries: list[Entry], path: Path | None = None):
+        self.entries = entries
+        self.path = path
+        self.hits: dict[int, list[str]] = {e.number: [] for e in entries}
+
+    def match(self, case: Case, device: str, env: dict) -> list[Entry]:
+        """The entries that apply to ``case`` here; RegistryError when two name one check."""
+        c = coords(case, device)
+        found = [e for e in self.entries if e.selects(c) and e.applies(env)]
+        for i, a in enumerate(found):
+            for b in found[i + 1:]:
+                both = sorted({str(f) for f in a.fails for g in b.fails if f.overlaps(g)})
+                if both:
+                    raise RegistryError(
+                        f"{self.path}: {case.id} matches {a.label} and {b.label}, which both "
+                        f"name {', '.join(both)}; entries that apply to one case must name "
+                        f"different checks (or different quantities of one check)")
+        for e in found:
+            self.hits[e.number].append(case.id)
+        return found
+
+    def clean_twin_entries(self, case: Case, device: str, env: dict) -> list[Entry] | None:
+        """For a case with a bug switched on (``fixes: no_<fix>`` / ``mutation: no_<fix>``):
+        the entries that apply to the same coordinates with the bug off -- what the harness
+        would expect there, so what of the case they do not explain is what caught the bug.
+        None for other cases. Nothing recorded (no hits)."""
+        c = coords(case, device)
+        for axis, off in CLEAN_VALUE.items():
+            if c.get(axis, off) != off:
+                clean = dict(c, **{axis: off})
+                return [e for e in self.entries if e.selects(clean) and e.applies(env)]
+        return None
+
+    def stale(self, scenarios: set[str], backend: str | None = None) -> list[Entry]:
+        """Entries for the scenarios (and backend) this run ran cases of that matched none."""
+        out = []
+        for e in self.entries:
+            pats = e.match.get("scenario", ["*"])
+            backends = e.match.get("backend", ["*"])
+            if backend is not None and not any(fnmatch.fnmatchcase(backend, b) for b in backends):
+                continue
+            if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number]:
+                out.append(e)
+        return out
+
+
+def _spec(path, where, text) -> SpecifierSet:
+    try:
+        return SpecifierSet(str(text))
+    except InvalidSpecifier:
+        raise RegistryError(f"{path}: {where}: not a version range: {text!r} "
+                            f"(PEP 440, e.g. '>=2.0,<2.21')") from None
+
+
+def _entry_lines(text: str) -> list[int]:
+    """1-based line of each entry, from the YAML node tree."""
+    root = yaml.compose(text)
+    if root is None or not hasattr(root, "value") or not isinstance(root.value, list):
+        return []
+    for key, value in root.value:
+        if getattr(key, "value", None) == "entries" and isinstance(value.value, list):
+            return [node.start_mark.line + 1 for node in value.value]
+    return []
+
+
+def load(path: str | Path, known_axes: set[str]) -> Registry:
+    path = Path(path)
+    if not path.is_file():
+        return Registry([], path)
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise RegistryError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{path}: must be a mapping with one key, 'entries' (a list), got "
+                            f"a {type(raw).__name__}")
+    if set(raw) - {"entries"}:
+        raise RegistryError(f"{path}: unknown top-level key {sorted(set(raw) - {'entries'})[0]!r};"
+                            f" the file holds 'entries'")
+    items = raw.get("entries") or []
+    if not isinstance(items, list):
+        raise RegistryError(f"{path}: entries: must be a list")
+    lines = _entry_lines(text)
+    allowed = set(CASE_KEYS) | known_axes
+    entries = []
+    for n, item in enumerate(items, start=1):
+        where = f"entries[{n - 1}] (entry {n})"
+        if not isinstance(item, dict):
+            raise RegistryError(f"{path}: {where}: must be a mapping")
+        extra = set(item) - ENTRY_KEYS
+        if extra:
+            raise RegistryError(f"{path}: {where}: unknown field {sorted(extra)[0]!r}; allowed: "
+                                f"{', '.join(sorted(ENTRY_KEYS))}")
+        if not item.get("reason"):
+            raise RegistryError(f"{path}: {where}: every entry needs a reason")
+        match = item.get("match") or {}
+        if not isinstance(match, dict) or not match:
+            raise RegistryError(f"{path}: {where}.match: must select at least one coordinate")
+        sel = {}
+        for k, v in match.items():
+            if k not in allowed:
+                raise RegistryError(f"{path}: {where}.match.{k}: unknown coordinate; allowed: "
+                                    f"{', '.join(sorted(allowed))}")
+            sel[k] = [str(x) for x in (v if isinstance(v, list) else [v])]
+        versions = {k: _spec(path, f"{where}.versions.{k}", v)
+                    for k, v in (item.get("versions") or {}).items()}
+        cap = item.get("capability")
+        fails = _failures(path, f"{where}.fails", item.get("fails"))
+        workaround = item.get("workaround")
+        if workaround is not None:
+            _check_workaround(path, f"{where}.workaround", workaround, fails)
+        entries.append(Entry(
+            number=n, line=lines[n - 1] if n - 1 < len(lines) else 0, match=sel,
+            reason=str(item["reason"]).strip(), fails=fails, link=str(item.get("link", "")),
+            versions=versions,
+            capability=_spec(path, f"{where}.capability", cap) if cap is not None else None,
+            workaround=workaround))
+    return Registry(entries, path)
+
+
+def _failures(path, where, raw) -> tuple[Failure, ...]:
+    from harness.spec.catalog import UNITS
+    if raw is None:
+        raise RegistryError(f"{path}: {where}: every entry names how its cases fail: "
+                            f"{{check: <one of {', '.join(UNITS)}>, message: <regex>}}")
+    items = raw if isinstance(raw, list) else [raw]
+    out = []
+    for i, f in enumerate(items):
+        w = f"{where}[{i}]" if isinstance(raw, list) else where
+        if not isinstance(f, dict):
+            raise RegistryError(f"{path}: {w}: must be a mapping {{check, quantity, message}}")
+        extra = set(f) - FAILURE_KEYS
+        if extra:
+            raise RegistryError(f"{path}: {w}: unknown key {sorted(extra)[0]!r}; allowed: "
+                                f"{', '.join(sorted(FAILURE_KEYS))}")
+        check = f.get("check")
+        if check not in UNITS:
+            raise RegistryError(f"{path}: {w}.check: unknown check {check!r}; allowed: "
+                                f"{', '.join(UNITS)}")
+        msg = f.get("message")
+        if msg is not None:
+            try:
+                re.compile(str(msg))
+            except re.error as e:
+                raise RegistryError(f"{path}: {w}.message: bad regex: {e}") from None
+        q = f.get("quantity")
+        strict = f.get("strict", True)
+        if not isinstance(strict, bool):
+            raise RegistryError(f"{path}: {w}.strict: must be true or false, not {strict!r}")
+        out.append(Failure(check, None if q is None else str(q),
+                           None if msg is None else str(msg), strict,
+                           _sizes(path, f"{w}.up_to", f.get("up_to")),
+                           _sizes(path, f"{w}.beyond", f.get("beyond"))))
+    if len({(f.check, f.quantity) for f in out}) != len(out):
+        raise RegistryError(f"{path}: {where}: a check (and quantity) is named twice")
+    if not any(f.strict for f in out):
+        raise RegistryError(f"{path}: {where}: every failure is strict: false; an entry must "
+                            f"name at least one failure that must happen")
+    return tuple(out)
+
+
+def _sizes(path, where, raw) -> tuple[tuple[str, float], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise RegistryError(f"{path}: {where}: must map a metric to a number, e.g. "
+                            f"{{max_abs: 1.0e-3}}; metrics: {', '.join(SIZE_METRICS)}")
+    out = []
+    for m, b in raw.items():
+        if m not in SIZE_METRICS:
+            raise RegistryError(f"{path}: {where}.{m}: unknown metric; allowed: "
+                                f"{', '.join(SIZE_METRICS)}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b < 0:
+            raise RegistryError(f"{path}: {where}.{m}: must be a number >= 0, not {b!r}")
+        out.append((m, float(b)))
+    return tuple(out)
+
+
+def _check_workaround(path, where, name, fails) -> None:
+    from harness.worker.workarounds import WORKAROUNDS
+    w = WORKAROUNDS.get(name)
+    if w is None:
+        raise RegistryError(f"{path}: {where}: unknown workaround {name!r}; known: "
+                            f"{', '.join(WORKAROUNDS)} (harness/workarounds.py)")
+    if not {f.check for f in fails} & set(w.units):
+        raise RegistryError(f"{path}: {where}: {name} stands in for {', '.join(w.units)}; the "
+                            f"entry's fails must name one of them")
