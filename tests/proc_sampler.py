@@ -36,7 +36,7 @@ class Sampler:
             line = procs.cmdline(pid)
             if line and procs.alive(pid):
                 self.seen[pid] = line
-                self.names[pid] = procs.comm(pid) or self.names.get(pid, "")
+                self.names[pid] = _comm(pid) or self.names.get(pid, "")
 
     def _run(self):
         while not self._stop.is_set():
@@ -54,3 +54,12 @@ class Sampler:
     def survivors(self) -> dict[int, str]:
         """Seen pids still alive with the same command line (a reused pid is not ours)."""
         return {p: c for p, c in self.seen.items() if procs.alive(p) and procs.cmdline(p) == c}
+
+
+def _comm(pid: int) -> str:
+    """A process's name (``set_name``), or "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -168,7 +168,7 @@ _real = launcher.Launcher.run_lane
 def _fake(self, source, world_size, env):
     # what a report dir that fills up or turns read-only mid-run looks like at the end
     (self.root.parents[2] / "history").write_text("a file where the history dir goes")
-    while tasks := source.first():
+    while tasks := source.wait(self._stop):
         source.finished({t.name: TaskResult(t.name, "ok") for t in tasks})
 
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from harness.plugin.items import new_vs_clean_rows
+from harness.results.case_rows import new_vs_clean_rows
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict
 from harness.verdict import registry
@@ -103,10 +103,10 @@ def test_clean_twin_entries_say_what_caught_the_bug(tmp_path):
     assert reg.clean_twin_entries(case("none"), "cuda", {}) is None
     clean = reg.clean_twin_entries(case("no_to_copy"), "cuda", {})
     assert [e.number for e in clean] == [1]
-    caught = new_vs_clean_rows(verdict.judge(rows(1.8e-3, 262142), entries=clean))
+    caught = new_vs_clean_rows(verdict.judge(rows(1.8e-3, 262142), entries=clean).unexplained)
     assert {(r["check"], r["quantity"]) for r in caught} == {("reshard", "next_loss"),
                                                            ("reshard", "state")}
-    none = new_vs_clean_rows(verdict.judge(rows(2e-4, 41), entries=clean))
+    none = new_vs_clean_rows(verdict.judge(rows(2e-4, 41), entries=clean).unexplained)
     assert [(r["check"], r["quantity"]) for r in none] == [("clean_twin", "*")]
     assert reg.hits == {1: [], 2: []}  # looking up the twin records no hit
 

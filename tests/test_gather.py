@@ -1,4 +1,4 @@
-"""The harness's own gather (harness/worker/gather.py): whole tensors from DTensor shards over
+"""The harness's own gather (harness/distributed/gather.py): whole tensors from DTensor shards over
 gloo, mixed dtypes and odd sizes packed into one byte buffer, replicas checked for agreement.
 Two plain subprocesses (no multiprocessing: its resource tracker would outlive the test)."""
 
@@ -18,7 +18,7 @@ RANK = textwrap.dedent("""\
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from harness.worker import gather
+    from harness.distributed import gather
     gather.GROUP = dist.new_group(backend="gloo")
     mesh = init_device_mesh("cpu", (2,))
     g = gather.Gather()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.launch import gpu
+from harness.plugin import gpu_count as gpu
 from harness.plugin.environment import RunEnvironment
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_counting_through_nvml_imports_no_torch():
-    code = ("import json, sys; import harness.launch.gpu as g; g.nvml_device_count = lambda: 3\n"
+    code = ("import json, sys; import harness.plugin.gpu_count as g; g.nvml_device_count = lambda: 3\n"
             "from harness.plugin.environment import RunEnvironment\n"
-            "e = RunEnvironment('torch', 'cuda', None)\n"
+            "e = RunEnvironment('torch', 'cuda', None, 'never')\n"
             "print(json.dumps([e.visible_gpus(), e.max_world(), 'torch' in sys.modules]))")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -35,7 +35,8 @@ def test_cuda_visible_devices_wins_over_the_driver_count(monkeypatch):
     e = RunEnvironment("torch", "cuda", None)
     assert (e.visible_gpus(), e.max_world()) == ([], 0)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert RunEnvironment("torch", "cuda", None).max_world() == 8
+    assert RunEnvironment("torch", "cuda", None, "never").max_world() == 8
+    assert RunEnvironment("torch", "cuda", None).max_world() > 8  # ranks share the 8 GPUs
     assert RunEnvironment("torch", "cpu", None).visible_gpus() == []
 
 
@@ -44,7 +45,7 @@ def test_without_nvml_torch_counts(monkeypatch):
     monkeypatch.setattr(gpu, "nvml_device_count", lambda: None)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     expected = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert RunEnvironment("torch", "cuda", None).max_world() == expected
+    assert RunEnvironment("torch", "cuda", None, "never").max_world() == expected
 
 
 def test_cases_skip_where_torch_cannot_use_cuda():

@@ -94,7 +94,5 @@ def test_skip_happens_at_collection_without_a_launch(tmp_path):
     assert rc == 0, out
     assert "1 skipped" in out and "48 rows per FSDP2 shard cut its 32-row blocks" in out
     assert "the axes name only backend 'reference'" in out  # no --backend needed
-    # no case ran in a launch: the launches started early (while pytest collected) for its
-    # world size were ended once the backend said the case skips
-    assert not list((tmp_path / "reports").glob("runs/*/launches/L*/results/*"))
-    assert "0 taken by a lane" in out
+    # no case ran in a launch: none was started for a case the backend skips
+    assert not list((tmp_path / "reports").glob("runs/*/launches/L*"))

@@ -27,6 +27,8 @@ def measured(df: pd.DataFrame) -> list[dict]:
     excluded = set(zip(cov.loc[cov["row_outcome"].isin(["xfailed", "not_run"]), "case_id"],
                        cov.loc[cov["row_outcome"].isin(["xfailed", "not_run"]), "check"]))
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail"])]
+    if "pg_backend" in rows:  # ranks that shared GPUs (gloo on cuda) never pool with nccl runs
+        rows = rows[~((rows["device"] == "cuda") & (rows["pg_backend"] == "gloo"))]
     keep = [(c, q) in CALIBRATED and (cid, c) not in excluded
             for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
     rows = rows[keep]

@@ -41,7 +41,7 @@ def end_processes(launch) -> dict:
     running = {p.pid for p in launch.agents if p.poll() is None}
     # the ranks this launch's progress files name (pids checked against the plan: a stale
     # pid may belong to someone else by now) and everything below the agents
-    ranks = [pid for pid in launch_dir.progress_pids(launch.d)
+    ranks = [pid for pid in launch_dir.pid_ranks(launch.d)
              if str(launch.plan_path) in procs.cmdline(pid)]
     extra = set(ranks) | procs.descendants(list(agents)) | running
     for pid in agents:
@@ -70,7 +70,7 @@ def record(launch, start, end, timed_out, cleanup, results, interrupted=False,
         launch.name, launch.world_size, len(results), end - start, overhead,
         procs.returncode(launch.agents), timed_out, launch.env.get("CUDA_VISIBLE_DEVICES", ""),
         interrupted=interrupted, start_failed=start_failed,
-        phases=launch_dir.phases(launch.d, start, end, starts, ends, launch.t_watched),
+        phases=launch_dir.phases(launch.d, start, end, starts, ends),
         started=start, ended=end, **cleanup))
 
 

@@ -1,39 +1,19 @@
 """What a lane's launches take their tasks from and hand their results to: a queue each way.
-
 The scheduler puts tasks into a lane's :class:`Feed` and closes it when nothing more can come;
-the lane's launches take them (:meth:`Feed.wait` for a new launch's first tasks,
-:meth:`Feed.poll` while it runs) and post what they finish or leave unfinished on the
-scheduler's event queue. Neither side calls into the other: the scheduler's state is touched
-only by the thread that runs the scheduler, and a launch holds nothing of the scheduler's.
-:class:`FixedFeed` is a feed over a fixed list of tasks (``Launcher.run_batch``).
+the launches take them (``wait``: a new launch's first tasks, None once closed; ``poll``: tasks
+put since the last look, [] for none, None once closed) and post what they finish
+(``finished``) or leave (``requeue``) on the scheduler's event queue. Neither side calls into
+the other. :class:`FixedFeed`: a fixed list of tasks (``Launcher.run_batch``).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Protocol
 
 from harness.launch.tasks import Task, TaskResult
 
 WAIT_S = 0.5  # how often a waiting lane looks at the stop flag
-
-
-class LaneFeed(Protocol):
-    """The lane side of a feed (what ``Launcher.run_lane`` and ``Launch`` use)."""
-    timeout_s: float  # the largest case timeout of any task it may hand out
-
-    def wait(self, stop: threading.Event) -> list[Task] | None:
-        """Block until tasks are there for a new launch; None once closed (or stopped)."""
-
-    def poll(self) -> list[Task] | None:
-        """Tasks put since the last look ([] for none yet); None once closed and drained."""
-
-    def finished(self, results: dict[str, TaskResult]) -> None:
-        """Results, as they appear."""
-
-    def requeue(self, tasks: list[Task]) -> None:
-        """Tasks a dead launch (timeout / crash) left unfinished: to run again."""
 
 
 class Feed:

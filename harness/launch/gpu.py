@@ -1,44 +1,18 @@
-"""How many GPUs are there (NVML), and is the GPU memory a launch held free again?
-(``nvidia-smi``, bounded; CPU runs never ask.)
-
-A rank that outlives its launch keeps its CUDA context, memory and NCCL communicators: every
-later launch on that GPU then runs short of memory or hangs. After killing a launch the
-launcher waits (bounded) until none of its pids appears in
-``nvidia-smi --query-compute-apps=pid,used_memory``, and records the ones that still do.
-
-Import-safe everywhere: nothing runs at import, and without ``nvidia-smi`` the check reports
-nothing. Inside a container with its own PID namespace nvidia-smi may list host pids; those
-never match the launch's pids, so the check then cannot see a leak (the process scan of
-harness/procs.py still does).
+"""Is the GPU memory a launch held free again? A rank that outlived its launch keeps its
+context and memory, and every later launch on that GPU runs short or hangs: after a kill the
+launcher waits (bounded) until none of its pids is in ``nvidia-smi
+--query-compute-apps=pid,used_memory`` and records those that still are. Without nvidia-smi
+(or with host pids in a container) it reports nothing; CPU runs never ask.
 """
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import subprocess
 import time
 
 QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 SMI_TIMEOUT_S = 10.0
-
-
-def nvml_device_count() -> int | None:
-    """The GPUs the driver's own library (``libnvidia-ml``) sees, or None where it cannot say.
-    Milliseconds, and neither torch nor a CUDA context in the asking process: pytest counts
-    the GPUs before its first launch starts, and importing torch and initializing CUDA for that
-    put ~2 s before every GPU run's first launch (1x H200, reports/bench/README.md)."""
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
-        count = ctypes.c_uint(0)
-        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else None
-    finally:
-        nvml.nvmlShutdown()
 
 
 def parse_compute_apps(text: str) -> dict[int, int]:

@@ -1,15 +1,8 @@
 """Ctrl-C and SIGTERM: stop a run within seconds, leave nothing running, keep what finished.
-
-* SIGINT already raises KeyboardInterrupt in pytest's main thread; :func:`install` makes
-  SIGTERM do the same, so a CI job's cancel (SIGTERM) takes pytest's interrupted path too:
-  every launch's ``finally`` kills its processes, the cases already finished are written to the
-  history, the unfinished ones are recorded as ``interrupted``, and pytest exits 2.
-* :func:`deferred` holds SIGINT / SIGTERM while cleanup runs (killing a launch, writing the
-  history), so a second Ctrl-C cannot cut it short; the signal is delivered right after.
-
-Signal handlers can only be changed in the main thread; elsewhere these are no-ops (worker
-threads are never interrupted by signals in Python: the main thread stops them, see
-Launcher.stop).
+:func:`install` makes SIGTERM raise KeyboardInterrupt like SIGINT (a CI cancel takes pytest's
+interrupted path: every launch's ``finally`` kills its processes, finished cases are written,
+the rest recorded ``interrupted``); :func:`deferred` holds both while clean-up runs. Signal
+handlers change only in the main thread; elsewhere these are no-ops.
 """
 
 from __future__ import annotations

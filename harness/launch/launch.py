@@ -1,34 +1,16 @@
-"""One torchrun launch: start the agents, feed them tasks while they live, watch for a hung
-task, hand each result on as it appears, end every process of the launch, record it.
+"""One torchrun launch: start the agents, feed them the lane's tasks while they live (the
+launch's queue, ``worker.task_feed``), watch for a hung task, hand each result on as it
+appears, end every process, record it. Everything it needs is handed to it (settings, dir,
+argv, feed, the run's stop flag, where its record goes); it calls into nothing above it.
 
-A launch starts with the tasks of its plan and takes more from its lane's feed
-(``feed.py``) on every poll, writing them to the launch's queue (``worker.task_feed``); once
-the feed is closed, so is the queue, and the ranks exit when they ran everything. Everything
-a launch needs is handed to it (its settings, directory, argv, feed, the run's stop flag and
-where its record goes): it calls into nothing above it.
-
-Every wait is bounded:
-
-* a task running past its case's ``timeout_s`` gets its ranks' Python stacks (SIGUSR1 ->
-  faulthandler) attached, every process of the launch is killed, the task is reported as
-  ``timeout``; the lane re-launches the launch's unfinished tasks;
-* a launch that dies (a rank crashed or exited) blames the task that was running, with each
-  rank's log of that task, the unit each rank was in and the exit status;
-* a launch that never starts a task within ``startup_timeout_s`` fails its tasks with the
-  torchrun log, rather than looping;
-* a launch whose agents fail before any task started (a rank that could not join its process
-  group) hands its tasks to a new launch, once: a transient start failure costs a start, not a
-  batch of crashed cases; a second one in a row crashes them, each naming both.
-
-However a launch ends (normal exit, timeout, crash, Ctrl-C / SIGTERM, the run's stop), every
-process it started is killed before the next one starts (``ending.end_processes``): torchrun,
-its ranks (each in a session of its own), their async DCP stager processes and simulated nodes
-all carry the launch's tag in their environment and are found through ``/proc``
-(``procs.py``), wherever they were reparented; the record says how many were killed and lists
-any survivor. torchrun is tethered to the harness process and each rank to torchrun
-(``PR_SET_PDEATHSIG``), so a killed pytest takes its launches with it. On GPU the launch's
-processes must also release their GPU memory (bounded wait, ``gpu.py``) before the next launch
-starts. No shell is involved: the command is an argv list.
+Every wait is bounded: a task past its case's ``timeout_s`` gets its ranks' stacks (SIGUSR1)
+and the launch is killed (``timeout``; the lane re-launches the rest); a launch that dies
+blames the running task with each rank's log, unit and exit status; no task started within
+``startup_timeout_s`` fails the tasks with torchrun's log; agents that fail before any task
+started hand their tasks to a new launch once. However it ends, every process it started is
+killed before the next one starts (``ending.py``: found by the launch's tag through ``/proc``,
+wherever reparented; on GPU their memory must be released). torchrun is tethered to pytest and
+each rank to torchrun (``PR_SET_PDEATHSIG``). No shell: the command is an argv list.
 """
 
 from __future__ import annotations
@@ -43,7 +25,6 @@ from pathlib import Path
 from typing import Callable
 
 from harness.launch import ending, inductor_cache, launch_dir, procs
-from harness.launch.feed import LaneFeed
 from harness.launch.interrupt import Interrupted, deferred
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
@@ -82,7 +63,7 @@ class Launch:
 
     def __init__(self, settings: LaunchSettings, name: str, d: Path,
                  argvs: Callable[[Path], list[list[str]]], tasks: list[Task], world_size: int,
-                 env: dict, feed: LaneFeed, *, stop: threading.Event,
+                 env: dict, feed, *, stop: threading.Event,
                  on_record: Callable[[LaunchRecord], None], retry_start: bool = False):
         self.settings, self.name, self.d = settings, name, d
         self.world_size, self.env, self.feed = world_size, env, feed
@@ -103,7 +84,6 @@ class Launch:
         self.delivered: dict[str, TaskResult] = {}  # results handed to the feed
         self.fed, self.closed = 0, False
         self.t_start = None  # agents started (the start-up bound counts from here)
-        self.t_watched = None  # when the agents exited (or the watch ended)
         self.tmp: str | None = None  # the launch's TMPDIR, removed with its processes
 
     def unfinished(self) -> list[Task]:
@@ -147,7 +127,6 @@ class Launch:
         try:
             self._start()
             hung, timed_out = self._watch()
-            self.t_watched = time.time()
         except BaseException:  # Ctrl-C / SIGTERM / the run's stop: record, then re-raise
             stopped = True
             raise

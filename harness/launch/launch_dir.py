@@ -22,8 +22,7 @@ LOG_TAIL = 6000
 
 
 def stager_worlds(cases) -> set[int]:
-    """World sizes with async_process cases: their launches start DCP's stager process up front
-    (worker/stager.py), also when their tasks come through the feed (early launches)."""
+    """World sizes with async_process cases: their launches start DCP's stager up front."""
     return {c.mesh.world_size for c in cases if c.ax.get("dcp") == "async_process"}
 
 
@@ -99,11 +98,8 @@ def collect(d: Path, launch: str, by_name: dict, names=None) -> dict[str, TaskRe
     return out
 
 
-def phases(d: Path, start: float, end: float, starts: list, ends: list,
-           watched: float | None = None) -> dict:
-    """Seconds of the launch's phases, from the ranks' timelines (the slowest rank); the
-    teardown split into the ranks' own exit (``ranks_exit``: after the last task, until they
-    left), torchrun noticing (``agents_exit``) and the launcher's clean-up (``cleanup``)."""
+def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
+    """Seconds of the launch's phases, from the ranks' timelines (the slowest rank)."""
     lines = []
     for p in (d / "progress").glob("timeline*.json"):
         try:
@@ -121,10 +117,6 @@ def phases(d: Path, start: float, end: float, starts: list, ends: list,
             out["first_task_wait"] = max(0.0, min(starts) - ready)
     if ends:
         out["teardown"] = end - max(ends)
-        if lines and watched and all("exit" in t for t in lines):
-            left = max(t["exit"] for t in lines)
-            out.update(ranks_exit=max(0.0, left - max(ends)), agents_exit=max(0.0, watched - left),
-                       cleanup=end - watched)
     return out
 
 
@@ -180,11 +172,6 @@ def crash_account(d: Path, task) -> str:
     during = ", ".join(f"rank {r} in {u}" for r, u in sorted(where.items()))
     return (f"{dead}; units running: {during or 'unknown'}; checkpoint directory "
             f"{task.ckpt_dir}")
-
-
-def progress_pids(d: Path) -> list[int]:
-    """Pids the ranks wrote into ``progress/rank*.json``."""
-    return list(pid_ranks(d))
 
 
 def pid_ranks(d: Path) -> dict[int, int]:

@@ -1,11 +1,8 @@
-"""Run tasks (case phases) under real torchrun, one world size and GPU slot per *lane*.
-
-A lane is a sequence of launches (:class:`harness.launch.launch.Launch`) that take their tasks
-from the lane's feed (``feed.py``): a launch starts with what is there and is fed more while it
-lives, so a whole run pays one process start, import and process-group set-up per world size
-and GPU slot -- not one per batch. After a timeout or crash the lane starts a new launch with
-what the dead one left unfinished. :meth:`Launcher.run_batch` runs a fixed list of tasks the
-same way, spread over the GPU slots (tests, simple callers).
+"""Run tasks (case phases) under real torchrun, one world size and GPU slot per *lane*: a
+sequence of launches (``launch.Launch``) taking their tasks from the lane's feed (``feed.py``),
+so a run pays one process start per world size and slot, not one per batch. After a timeout or
+crash the lane starts a new launch with what the dead one left. :meth:`Launcher.run_batch`
+runs a fixed list of tasks the same way (tests, simple callers).
 """
 
 from __future__ import annotations
@@ -17,14 +14,14 @@ import threading
 from pathlib import Path
 
 from harness.launch import procs
-from harness.launch.feed import FixedFeed, LaneFeed
+from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
 from harness.launch.launch import SAFE_ENV, Launch, LaunchSettings
 from harness.launch.launch_dir import stager_worlds
+from harness.launch.placement import RANKS_PER_GPU_VAR, launches_per_slice, place
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
-__all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV",
-           "STOP_JOIN_S"]
+__all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
 
 STOP_JOIN_S = 60.0  # bounded wait for GPU-slot threads after a stop
 
@@ -36,13 +33,15 @@ class Launcher:
     def __init__(self, root: Path, backend: str, device: str, *, collective_timeout_s=60.0,
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                 node_launcher: list[str] | None = None, launches_per_gpu: int = 1):
+                 node_launcher: list[str] | None = None, launches_per_gpu: int = 1,
+                 gpu_share: str = "auto"):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
         # GPU oversubscription: each GPU slice takes this many launches at once (the cases are
         # tiny; one launch leaves a GPU mostly idle). Bounded by --launches-per-gpu.
         self.launches_per_gpu = max(1, int(launches_per_gpu))
+        self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         # Multi-node: the world is split over `nnodes` torchrun agents meeting at a c10d
         # rendezvous. With `node_launcher` (e.g. ["srun", "--nodes=2", "--ntasks-per-node=1"])
         # one command starts an agent per node; without it the agents run on this host
@@ -75,61 +74,26 @@ class Launcher:
 
     # ------------------------------------------------------------------------------------
     def slots(self, world_size: int) -> list[dict]:
-        """GPU slot packing: with G visible GPUs, G // world_size slices of world_size GPUs,
-        each taking ``launches_per_gpu`` launches at once (on its own CUDA_VISIBLE_DEVICES).
-        One slot (no env) on CPU."""
-        if self.device != "cuda" or not self.gpus:
-            return [{}]
-        n = max(len(self.gpus) // world_size, 1)
-        slices = [",".join(self.gpus[i * world_size:(i + 1) * world_size]) for i in range(n)]
-        return [{"CUDA_VISIBLE_DEVICES": sl} for _ in range(self.launches_per_gpu)
-                for sl in slices]
+        """The launch environments of a world size (``placement.place``): each GPU slice
+        (its CUDA_VISIBLE_DEVICES) taken by up to ``launches_per_gpu`` launches at once, fewer
+        where ranks share a GPU (``placement.launches_per_slice``). One slot (no env) on
+        CPU."""
+        p = place(world_size, self.gpus, self.gpu_share) if self.device == "cuda" else None
+        if p is None:
+            return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}] if self.gpus and \
+                self.device == "cuda" else [{}]
+        shared = {RANKS_PER_GPU_VAR: str(p.ranks_per_gpu)} if p.shared else {}
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
+                for _ in range(launches_per_slice(p, self.launches_per_gpu)) for sl in p.slices]
 
     def run_batch(self, tasks: list[Task], world_size: int, env: dict | None = None) -> dict:
-        """Run ``tasks`` (all of ``world_size``), spread over the GPU slots; re-launch after a
-        timeout or crash until each task has a result. Returns name -> TaskResult."""
-        slots = self.slots(world_size)
-        by_case: dict[str, list[Task]] = {}
-        for t in tasks:  # a case's tasks stay together (reshard may follow train in one launch)
-            by_case.setdefault(t.case.key, []).append(t)
-        chunks = [[] for _ in slots]
-        for i, group in enumerate(by_case.values()):
-            chunks[i % len(slots)].extend(group)
-        jobs = [(chunk, {**(env or {}), **slot}) for chunk, slot in zip(chunks, slots) if chunk]
-        if len(jobs) == 1:
-            return self._run_chunk(jobs[0][0], world_size, jobs[0][1])
-        results: dict[str, TaskResult] = {}
-        errors: list[BaseException] = []
-
-        def work(chunk, slot_env):
-            try:
-                got = self._run_chunk(chunk, world_size, slot_env)
-                with self._lock:
-                    results.update(got)
-            except BaseException as e:  # surfaced below, after every slot finished
-                errors.append(e)
-
-        threads = [threading.Thread(target=work, args=job, daemon=True) for job in jobs]
-        for th in threads:
-            th.start()
-        try:
-            for th in threads:
-                th.join()
-        except BaseException:  # Ctrl-C in the main thread: stop the slots' launches too
-            self.stop()
-            for th in threads:
-                th.join(timeout=STOP_JOIN_S)
-            raise
-        if errors:
-            raise errors[0]
-        return results
-
-    def _run_chunk(self, tasks: list[Task], world_size: int, env: dict) -> dict:
+        """Run ``tasks`` (all of ``world_size``) as one lane on the first GPU slot; re-launch
+        after a timeout or crash until each task has a result. Returns name -> TaskResult."""
         feed = FixedFeed(tasks)
-        self.run_lane(feed, world_size, env)
+        self.run_lane(feed, world_size, {**(env or {}), **self.slots(world_size)[0]})
         return feed.results
 
-    def run_lane(self, feed: LaneFeed, world_size: int, env: dict) -> None:
+    def run_lane(self, feed, world_size: int, env: dict) -> None:
         """Launch after launch on one slot until ``feed`` closes: each launch starts with what
         ``feed.wait`` gives and is fed while it lives; what a timeout or crash left unfinished
         goes back with ``feed.requeue``. Results reach ``feed.finished``."""
@@ -172,33 +136,27 @@ class Launcher:
 
     def commands(self, plan_path: Path, world_size: int, launch: str) -> list[list[str]]:
         """The argv lists to start for one launch (no shell)."""
-        return torchrun_argvs(self, plan_path, world_size, launch)
+        worker = ["--max-restarts=0", "--monitor-interval=0.1", "-m", "harness.worker",
+                  "--plan", str(plan_path)]
+        # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
+        # parent on the remote nodes: no --parent there)
+        parent = [] if self.node_launcher else ["--parent", str(os.getpid())]
+        torchrun = [self.python, "-m", "harness.launch.tethered", *parent, "torch.distributed.run"]
+        if self.nnodes == 1:
+            return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
+        if world_size % self.nnodes:
+            raise ValueError(f"world size {world_size} does not split over {self.nnodes} nodes")
+        endpoint = self.rdzv_endpoint or f"127.0.0.1:{procs.free_port()}"
+        agent = torchrun + [f"--nnodes={self.nnodes}",
+                            f"--nproc-per-node={world_size // self.nnodes}",
+                            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                            f"--rdzv-id={launch}-{os.getpid()}"] + worker
+        if self.node_launcher:
+            return [self.node_launcher + agent]
+        return [agent for _ in range(self.nnodes)]
 
     def add_record(self, rec: LaunchRecord) -> None:
         with self._lock:
             self.records.append(rec)
         for cb in self.on_record:
             cb(rec)
-
-
-def torchrun_argvs(launcher: Launcher, plan_path: Path, world_size: int,
-                   launch: str) -> list[list[str]]:
-    """The argv lists to start for one launch of ``launcher`` (no shell)."""
-    worker = ["--max-restarts=0", "--monitor-interval=0.1", "-m", "harness.worker",
-              "--plan", str(plan_path)]
-    # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
-    # parent on the remote nodes: no --parent there)
-    parent = [] if launcher.node_launcher else ["--parent", str(os.getpid())]
-    torchrun = [launcher.python, "-m", "harness.launch.tethered", *parent, "torch.distributed.run"]
-    if launcher.nnodes == 1:
-        return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
-    if world_size % launcher.nnodes:
-        raise ValueError(f"world size {world_size} does not split over {launcher.nnodes} nodes")
-    endpoint = launcher.rdzv_endpoint or f"127.0.0.1:{procs.free_port()}"
-    agent = torchrun + [f"--nnodes={launcher.nnodes}",
-                        f"--nproc-per-node={world_size // launcher.nnodes}",
-                        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                        f"--rdzv-id={launch}-{os.getpid()}"] + worker
-    if launcher.node_launcher:
-        return [launcher.node_launcher + agent]
-    return [agent for _ in range(launcher.nnodes)]

@@ -1,17 +1,10 @@
 """The processes of a launch: tag them, find them, kill them, and prove they are gone.
 
-torchrun starts each worker in a session of its own, workers start DCP's async stager
-processes, and a killed parent leaves its children to init: killing torchrun's process group
-reaches none of them. So every process of a launch carries ``HARNESS_LAUNCH_ID=<tag>`` in its
-environment (set on torchrun's command; inherited by workers, stagers and simulated nodes), and
-:func:`kill_tagged` finds them all by scanning ``/proc``, wherever they were reparented, kills
-each one and its process group, and waits (bounded) until none is left.
-
-A second line of defence needs no launcher at all: ``worker.tether.tether`` sets ``PR_SET_PDEATHSIG``
-(Linux prctl option 1) so a process is SIGKILLed when its parent dies -- torchrun when pytest
-dies (``python -m harness.launch.tethered``), each rank when torchrun dies (worker/main.py).
-
-Linux only (``/proc``, prctl); elsewhere the scans find nothing and ``tether`` is a no-op.
+torchrun starts each rank in a session of its own, ranks start DCP's stager processes, and a
+killed parent leaves its children to init. So every process of a launch carries
+``HARNESS_LAUNCH_ID=<tag>`` in its environment and :func:`kill_tagged` finds them all in
+``/proc``, kills each and its group, and waits (bounded) until none is left. The second line of
+defence is ``worker.tether``. Linux only; elsewhere the scans find nothing.
 """
 
 from __future__ import annotations
@@ -145,15 +138,6 @@ def kill_tagged(tag: str, extra=(), timeout_s: float = 15.0) -> tuple[list[int],
                 seen.append(pid)
             _kill(pid, own_groups)
         time.sleep(0.05)
-
-
-def comm(pid: int) -> str:
-    """A process's name (``set_name``), or "" when it is gone."""
-    try:
-        with open(f"{PROC}/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 # --- a launch's torchrun agents (subprocess.Popen) ---------------------------------------

@@ -1,27 +1,16 @@
 """Hand case phases to long-lived launches and each case its result.
 
-A case has a ``train`` task and maybe a ``reshard`` task (``task_graph.py``: what depends on
-what, and what is ready). The scheduler runs one *lane* per (scope, world size, GPU slot): a
-thread whose launch lives as long as tasks can still come for it, fed through the lane's
-:class:`~harness.launch.feed.Feed` as tasks become ready (``launcher.py``) -- train tasks at once,
-reshard tasks once their train task saved its checkpoint, or together with it when both run on
-the same world size. A lane keeps at most ``DEPTH`` cases queued, so the slots of one world
-size share its tasks as they free up; a lane takes cases of the modules it already ran first
-(``Scheduler._affinity``: first use of a module costs seconds in each process on GPU). A run
-thus pays one process start per world size and slot, however many cases and phases there are.
-
-Results come back as each task finishes; a train task that made no checkpoint resolves its
-reshard task at once (``not_run``, with the reason). ``concurrency`` bounds how many lanes are
-*busy* (have queued or running tasks) at once -- on a small CPU box one, since launches would
-only fight over the cores; an idle lane (waiting for a dependency) costs nothing and is fed
-later without a new launch. Larger world sizes go first.
+A case has a ``train`` task and maybe a ``reshard`` task (``task_graph.py``). One *lane* per
+(scope, world size, GPU slot) runs a launch that lives while tasks can still come for it, fed
+through the lane's :class:`~harness.launch.feed.Feed`: train tasks at once, reshard tasks once
+their train task saved its checkpoint (with it, on the same world size). A lane keeps at most
+``DEPTH`` cases queued and takes cases of modules it already ran first (``affinity``: a module's
+first use costs seconds per process on GPU). ``concurrency`` bounds the *busy* lanes (one on a
+small CPU box); an idle lane waits for a dependency at no cost. Larger worlds go first.
 
 The scheduler's state belongs to the thread that calls :meth:`Scheduler.result` (pytest's
-main thread): it puts tasks into the lanes' feeds and reads what the lanes post on its event
-queue (results, tasks a dead launch left, a lane's end); a lane never calls into it.
-
-Scopes keep lanes apart: without pytest-xdist there is one scope; with it, each scope is an
-xdist_group so a group's cases run on one xdist worker.
+main thread): it puts tasks into the feeds and reads what the lanes post on its event queue;
+a lane never calls into it. Scopes (xdist groups) keep lanes apart.
 """
 
 from __future__ import annotations
@@ -135,24 +124,13 @@ class Scheduler:
             if not ready:
                 break
             left = Counter(b[0].case.ax.get("module") for b in ready)
-            batch = min(ready, key=lambda b: self._affinity(lane, b[0].case, left))  # first best
+            lanes = self._lanes.get(lane.key, ())
+            batch = min(ready, key=lambda b: affinity(lane, b[0].case, left, lanes))  # 1st best
             ready.remove(batch)
             lane.modules.add(batch[0].case.ax.get("module"))
             out += batch
         lane.assigned.update(t.name for t in out)
         return out
-
-    def _affinity(self, lane: "_Lane", case: Case, left: Counter) -> tuple:
-        """Which case a lane takes next (the smallest): a module it ran (its launch paid that
-        module's first-use costs: TE's compiled functions, kernel and library set-up -- seconds
-        a module and process on GPU); else a module no lane of its key ran yet; else the module
-        with the most ready cases (``left``) per lane that ran it. Lanes sharing a world size
-        so specialize by module instead of each warming every module."""
-        module = case.ax.get("module")
-        if module in lane.modules:
-            return (0, 0.0)
-        warm = sum(module in ln.modules for ln in self._lanes.get(lane.key, ()) if ln is not lane)
-        return (1, 0.0) if not warm else (2, -left[module] / warm)
 
     # -- lanes -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -207,6 +185,19 @@ class Scheduler:
         self._handle(None)  # what the lanes posted last (results of launches cut short)
 
 
+def affinity(lane: "_Lane", case: Case, left: Counter, lanes) -> tuple:
+    """Which case a lane takes next (the smallest): a module it ran (its launch paid that
+    module's first-use costs: TE's compiled functions, kernel and library set-up -- seconds
+    a module and process on GPU); else a module no lane of its key ran yet; else the module
+    with the most ready cases (``left``) per lane (of ``lanes``, the key's) that ran it. Lanes sharing a world size
+    so specialize by module instead of each warming every module."""
+    module = case.ax.get("module")
+    if module in lane.modules:
+        return (0, 0.0)
+    warm = sum(module in ln.modules for ln in lanes if ln is not lane)
+    return (1, 0.0) if not warm else (2, -left[module] / warm)
+
+
 class _Lane:
     """One (scope, world size, GPU slot): a thread running launch after launch
     (``Launcher.run_lane``) on its feed."""
@@ -216,7 +207,7 @@ class _Lane:
         self.launcher = sched.launcher
         self.feed = Feed(self, sched.events, sched.graph.timeout_s(key))
         self.assigned: set[str] = set()  # handed to the lane, no result yet
-        self.modules: set[str] = set()  # the modules of the cases it took (Scheduler._affinity)
+        self.modules: set[str] = set()  # the modules of the cases it took (affinity)
         self.closed = False
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"lane-{key[0]}-w{key[1]}-s{slot}")

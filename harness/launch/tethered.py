@@ -1,12 +1,7 @@
-"""``python -m harness.launch.tethered [--parent PID] MODULE ARGS...``: run ``python -m MODULE ARGS``
-in this process, SIGKILLed by the kernel when its parent dies.
-
-The launcher starts torchrun this way (``MODULE`` = ``torch.distributed.run``): if pytest is
-killed outright (SIGKILL, a crashed pytest-xdist worker), its torchrun agents die with it, and
-their ranks -- tethered to the agent the same way in worker/main.py -- die with them.
-``--parent`` is the pid the caller expects as our parent (it may have died before the tether
-held: then exit at once); a node launcher such as srun is not that parent, so it is left out
-there. Children learn the pid to expect from ``HARNESS_PARENT_PID``.
+"""``python -m harness.launch.tethered [--parent PID] MODULE ARGS...``: run ``python -m MODULE
+ARGS`` in this process, SIGKILLed by the kernel when its parent dies: the launcher starts
+torchrun this way, so a killed pytest takes its agents (and their tethered ranks) with it.
+``--parent``: the pid expected as parent (gone before the tether held: exit at once).
 """
 
 from __future__ import annotations

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import os
 
-from harness.launch import gpu
+from harness.launch import placement
+from harness.plugin import gpu_count
 
 
 class RunEnvironment:
     """The run's ``backend`` (name and, lazily, ``backend_obj``), ``device`` and
     ``max_world_size`` option; :meth:`describe` caches the versions."""
 
-    def __init__(self, backend: str, device: str, max_world_size: int | None):
+    def __init__(self, backend: str, device: str, max_world_size: int | None,
+                 gpu_share: str = "auto"):
         self.backend = backend
+        self.gpu_share = gpu_share  # --gpu-share (harness/launch/placement.py)
         # --device auto: cuda for the te backend, else cpu
         self.device = ("cuda" if backend == "te" else "cpu") if device == "auto" else device
         self.max_world_size = max_world_size
@@ -53,19 +56,27 @@ class RunEnvironment:
         if env is not None:
             return [g.strip() for g in env.split(",") if g.strip()]
         if self._gpu_count is None:
-            self._gpu_count = gpu.nvml_device_count()
+            self._gpu_count = gpu_count.nvml_device_count()
             if self._gpu_count is None:
                 import torch
                 self._gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return [str(i) for i in range(self._gpu_count)]
 
     def max_world(self) -> int:
-        """--max-world-size, else the GPU count on cuda, else unlimited."""
+        """--max-world-size, else on cuda the GPU count (--gpu-share never) or, with no GPU
+        at all, 0; else unlimited (ranks share GPUs where they outnumber them)."""
         if self.max_world_size:
             return self.max_world_size
-        if self.device == "cuda":
+        if self.device == "cuda" and (self.gpu_share == "never" or not self.visible_gpus()):
             return len(self.visible_gpus())
         return 1 << 30
+
+    def placement(self, case) -> tuple[str, int]:
+        """(process-group backend, ranks per GPU) ``case`` runs with: gloo on CPU (0 ranks
+        per GPU); on cuda nccl with a GPU per rank, gloo where ranks share GPUs."""
+        if self.device != "cuda":
+            return "gloo", 0
+        return placement.describe(case.world_sizes, self.visible_gpus(), self.gpu_share)
 
     def cuda_usable(self) -> bool:
         """Whether torch can run on the GPUs (a CPU-only torch on a GPU host cannot); asked

@@ -41,9 +41,24 @@ class Execution:
         self.scheduler: Scheduler | None = None
         self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
 
+    @classmethod
+    def for_run(cls, hs) -> "Execution":
+        """The work dir and launcher of a HarnessSession ``hs`` (its options, environment and
+        run record)."""
+        ex = cls(hs.run_id, hs.config.getoption("work_dir"))
+        launches = hs.record.report_dir / "runs" / hs.run_id / "launches"
+        ex.make_launcher(
+            launches_dir=launches / hs.worker_id if hs.worker_id else launches,
+            backend=hs.backend, device=hs.device, gpus=hs.env.visible_gpus(),
+            on_launch=hs.record.on_launch,
+            **{k: hs.config.getoption(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
+                                                   "launches_per_gpu", "gpu_share")})
+        return ex
+
     def make_launcher(self, *, launches_dir: Path, backend: str, device: str, gpus: list[str],
                       nnodes: int, rdzv_endpoint: str | None, node_launcher: str | None,
-                      on_launch: Callable, launches_per_gpu: int | None = None) -> Launcher:
+                      on_launch: Callable, launches_per_gpu: int | None = None,
+                      gpu_share: str = "auto") -> Launcher:
         """The launcher (once); ``on_launch`` gets each launch's record. On cuda each GPU
         slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at once."""
         if self.launcher is None:
@@ -51,7 +66,7 @@ class Execution:
                 launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
                 rdzv_endpoint=rdzv_endpoint,
                 node_launcher=shlex.split(node_launcher) if node_launcher else None,
-                launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU)
+                launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU, gpu_share=gpu_share)
             self.launcher.on_record.append(on_launch)
             self.stacks = interrupt.stacks_on_sigusr1(Path(launches_dir) / "pytest-stacks.txt")
         return self.launcher

@@ -56,6 +56,11 @@ def pytest_addoption(parser):
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
                      "default 4, measured best on 2x H200: reports/bench); 1 = one launch "
                      "per GPU slice")
+    g.addoption("--gpu-share", choices=("auto", "never", "always"), default="auto",
+                help="where a case's world exceeds the GPUs its launch gets, ranks share them "
+                     "(rank r on GPU r mod G) and every process group is gloo: auto (default) "
+                     "shares only where needed, never skips such cases, always shares even "
+                     "with a GPU per rank (harness/launch/placement.py)")
     g.addoption("--nnodes", type=int, default=1, metavar="N",
                 help="split each launch over N torchrun agents (c10d rendezvous); without "
                      "--node-launcher they run on this host as simulated nodes")

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.outcomes import COVERAGE
 from harness.launch.scheduler import CaseResult
 from harness.plugin.failure_text import CaseFailed, XfailMismatch, one_line
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict_mod
 from harness.verdict import registry
-from harness.verdict.mutation_score import NEW_VS_CLEAN, NO_NEW_FAILURE
 
 STASH = pytest.StashKey[object]()  # the run's HarnessSession (plugin/hooks.py)
 
@@ -80,45 +78,17 @@ class CaseItem(pytest.Item):
                    xfail_entry=self.entries[0].number if self.entries else None,
                    xfail_entries=[e.number for e in self.entries],
                    xfail_reason=" | ".join(e.reason for e in self.entries))
-        if res is not None:
-            rows = res.rows
-            if self.verdict is not None:
-                rows = coverage_rows(res.rows, self.verdict)
-            if self.vs_clean is not None:
-                rows = rows + new_vs_clean_rows(self.vs_clean)
-            out.update(status=res.status, seconds=res.seconds, rows=rows,
+        out["pg_backend"], out["ranks_per_gpu"] = hs.env.placement(self.case)
+        if res is not None:  # plain data (xdist); the results stage makes the rows of it
+            out.update(status=res.status, seconds=res.seconds, rows=res.rows,
                        launches=res.launches, summary=one_line(res))
+        if self.verdict is not None:  # decided once, here; everything after reads it
+            out.update(outcome=self.verdict.outcome,
+                       coverage={u: list(c) for u, c in self.verdict.coverage.items()})
+        if self.vs_clean is not None:
+            out["vs_clean"] = self.vs_clean.unexplained
         out["launch_records"] = hs.record.pop_launch_records()
         return out
-
-
-def coverage_rows(rows: list[dict], v: "verdict_mod.Verdict") -> list[dict]:
-    """The rows with each coverage row's status as the verdict has it (xfailed where every
-    failure of the unit is explained)."""
-    out = []
-    for r in rows:
-        if r.get("metric") == COVERAGE and r["check"] in v.coverage:
-            status, _ = v.coverage[r["check"]]
-            r = dict(r, outcome=status)
-        out.append(r)
-    return out
-
-
-def new_vs_clean_rows(v: "verdict_mod.Verdict") -> list[dict]:
-    """One ``new_vs_clean`` row per failure of a bug-switched case that its clean twin's xfail
-    entries do not explain (what caught the bug; ``mutation_score`` reads them), or one
-    ``clean_twin/*`` row saying there is none (not ``case``: those rows are the cases')."""
-    nan = float("nan")
-    base = dict(metric=NEW_VS_CLEAN, value=nan, tolerance=nan, outcome="info")
-    seen, out = set(), []
-    for r in v.unexplained:
-        k = (r.get("phase", ""), r["check"], r["quantity"])
-        if k not in seen:
-            seen.add(k)
-            out.append(dict(base, phase=k[0], check=k[1], quantity=k[2],
-                            detail="not explained by the clean case's xfail entries"))
-    return out or [dict(base, phase="", check=NO_NEW_FAILURE, quantity="*",
-                        detail="every failure is one the clean case's xfail entries explain")]
 
 
 def of_world_size(items: list, only: int | None) -> tuple[list, list]:

@@ -52,7 +52,8 @@ class HarnessSession:
         for mark, file_name in sel.marks:
             config.addinivalue_line("markers", f"{mark}: scenario mark (see {file_name})")
         self.env = RunEnvironment(sel.backend, config.getoption("device"),
-                                  config.getoption("max_world_size"))
+                                  config.getoption("max_world_size"),
+                                  config.getoption("gpu_share"))
         self.backend, self.device = sel.backend, self.env.device
         reg_path = Path(config.getoption("xfail_registry") or sel.scenario_dir / "xfails.yaml")
         self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"}))
@@ -130,7 +131,7 @@ class HarnessSession:
         runnable = [i.case for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
             return
-        self.execution = self._execution()
+        self.execution = Execution.for_run(self)
         self.execution.start(runnable, per_scope=self.worker_id is not None, device=self.device)
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
@@ -173,15 +174,3 @@ class HarnessSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.record.collected and self.worker_id is None:
             self.record.terminal_summary(terminalreporter, self.selection.backend_note)
-
-    def _execution(self) -> Execution:
-        """The run's work dir, launcher and (then) scheduler."""
-        ex = Execution(self.run_id, self.config.getoption("work_dir"))
-        launches = self.record.report_dir / "runs" / self.run_id / "launches"
-        ex.make_launcher(
-            launches_dir=launches / self.worker_id if self.worker_id else launches,
-            backend=self.backend, device=self.device, gpus=self.env.visible_gpus(),
-            on_launch=self.record.on_launch,
-            **{k: self.config.getoption(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
-                                                     "launches_per_gpu")})
-        return ex

@@ -34,8 +34,7 @@ import pandas as pd
 
 from harness.launch.tasks import task_wall
 
-PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown",
-          "ranks_exit", "agents_exit", "cleanup")  # the last three: the teardown split
+PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,8 +1,5 @@
-"""Subcommands of ``python -m harness``: report, drift, goldens.
-
-Each subcommand is a :class:`Command` (name, help, arguments, run function returning the exit
-code); ``harness/__main__.py`` registers every command of :data:`COMMANDS`. To add one, write its
-logic in a module of this package and append a Command here (or to the list in __main__).
+"""The report, drift and goldens subcommands of ``python -m harness``: their arguments and run
+functions (each returns the exit code); ``harness/__main__.py`` registers every subcommand.
 
 Exit codes: 0 ok; 1 the check failed (drift with --fail-on-drift, goldens mismatch); 2 nothing
 to work on (empty or unreadable history, bad arguments).
@@ -12,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from harness.report import drift as drift_mod
 from harness.report import goldens as goldens_mod
@@ -36,21 +31,6 @@ Baselines only use runs of the same hardware key (device, GPU model, backend); t
 of each (hardware, scenario, backend) is judged. Tolerance-0 (bitwise) rows are not series:
 they are 0 or already a failure. See docs/report.md.
 """
-
-
-@dataclass
-class Command:
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-    epilog: str | None = None
-
-    def register(self, sub) -> None:
-        p = sub.add_parser(self.name, help=self.help, description=self.help, epilog=self.epilog,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        self.add_arguments(p)
-        p.set_defaults(func=self.run)
 
 
 def _positive_int(s: str) -> int:
@@ -107,7 +87,7 @@ def load_history(path: Path) -> history_mod.History | None:
 
 
 # ---- report ----
-def _report_args(p):
+def report_args(p):
     _history_arg(p)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FILE",
                    help="the HTML file to write (default: %(default)s)")
@@ -135,7 +115,7 @@ def report(args) -> int:
 
 
 # ---- drift ----
-def _drift_cmd_args(p):
+def drift_cmd_args(p):
     _history_arg(p)
     _drift_args(p)
     p.add_argument("--at", metavar="RUN_ID", default=None,
@@ -175,7 +155,7 @@ def drift(args) -> int:
 
 
 # ---- goldens ----
-def _goldens_args(p):
+def goldens_args(p):
     _history_arg(p)
     p.add_argument("--goldens", type=Path, default=DEFAULT_GOLDENS, metavar="DIR",
                    help="directory of <key>.json golden files (default: %(default)s)")
@@ -195,13 +175,3 @@ def goldens(args) -> int:
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
-
-
-COMMANDS = [
-    Command("report", "write the self-contained HTML report of a results history", _report_args,
-            report),
-    Command("drift", "flag metrics of the latest run that drift towards their tolerance",
-            _drift_cmd_args, drift, epilog=DRIFT_EPILOG),
-    Command("goldens", "compare the latest run's per-step losses bit for bit with pinned "
-                       "goldens (or --update-goldens)", _goldens_args, goldens),
-]

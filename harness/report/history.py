@@ -28,7 +28,7 @@ SUPPORTED_VERSIONS = {1, 2}  # 2 adds coverage rows (metric "coverage")
 _STR, _FLOAT, _INT = "string", "float", "integer"
 #: required columns and their kind (checked on the parquet schema, before reading any row)
 #: columns added after schema 1, filled in when an older file lacks them
-OPTIONAL = {"xfail_entries": ""}
+OPTIONAL = {"xfail_entries": "", "pg_backend": "", "ranks_per_gpu": ""}
 REQUIRED: dict[str, str] = {c: _STR for c in results.ROW_COLUMNS if c not in OPTIONAL}
 REQUIRED.update(value=_FLOAT, tolerance=_FLOAT, duration_s=_FLOAT, xfail_entry=_INT)
 STRING_COLUMNS = ([c for c, k in REQUIRED.items() if k == _STR] + list(OPTIONAL)
@@ -65,9 +65,14 @@ class History:
         return self.rows[self.rows["run_id"] == run_id]
 
 
-def hardware_key(device: str, gpu_name: str, backend: str) -> str:
-    """Baselines only compare runs with the same key: device, GPU model, backend."""
-    return f"{device or '?'}/{gpu_name or '-'}/{backend or '?'}"
+def hardware_key(device: str, gpu_name: str, backend: str, pg_backend: str = "",
+                 ranks_per_gpu: str = "") -> str:
+    """Baselines only compare runs with the same key: device, GPU model, backend and, for a
+    case whose ranks shared GPUs (gloo on cuda), that and how many ranks a GPU held -- a
+    shared run's numbers never pool with a GPU-per-rank (nccl) run's."""
+    key = f"{device or '?'}/{gpu_name or '-'}/{backend or '?'}"
+    shared = device == "cuda" and pg_backend == "gloo"
+    return f"{key}/gloo-shared-x{ranks_per_gpu or '?'}" if shared else key
 
 
 def _kind_ok(kind: str, t: pa.DataType) -> bool:
@@ -229,8 +234,9 @@ def load(directory: str | Path) -> History:
         idx = dict(zip(runs["run_id"], runs["run_index"]))
         rows["run_index"] = rows["run_id"].map(idx).astype(int)
         rows["run_date"] = rows["run_id"].map(dict(zip(runs["run_id"], runs["date_ts"])))
-        rows["hw"] = [hardware_key(d, g, b) for d, g, b in
-                      zip(rows["device"], rows["gpu_name"], rows["backend"])]
+        rows["hw"] = [hardware_key(d, g, b, pg, n) for d, g, b, pg, n in
+                      zip(rows["device"], rows["gpu_name"], rows["backend"],
+                          rows["pg_backend"], rows["ranks_per_gpu"])]
         rows = rows.sort_values("run_index", kind="stable").reset_index(drop=True)
     else:
         runs["run_index"] = pd.Series(dtype=int)

@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.launch import interrupt
 from harness.launch.tasks import task_wall
 from harness.results import write as results
+from harness.results.case_rows import case_rows
 from harness.verdict import mutation_score
 
 LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
@@ -53,15 +54,10 @@ class RunRecord:
         info = getattr(report, "harness", None)
         if info is None:
             return
-        if report.when == "call":
-            if hasattr(report, "wasxfail"):
-                outcome = "xfailed" if report.skipped else "xpassed"
-            elif report.failed and "[XPASS(strict)]" in str(report.longrepr):
-                outcome = "xpassed"
-            else:
-                outcome = report.outcome
-        else:
+        if report.when != "call":
             outcome = "skipped"
+        else:  # the verdict's (CaseItem.runtest); pytest's own only where none was reached
+            outcome = info.get("outcome") or report.outcome
         self.collected[info["case_id"]] = (outcome, info)
         self.launch_records += info.get("launch_records", [])
 
@@ -69,7 +65,7 @@ class RunRecord:
     def write(self, run_id: str, meta: dict, scenarios: list[str], registry_path) -> None:
         """The history parquet, summary.csv and meta.json (``meta``: results.run_meta)."""
         rows = [r for outcome, info in self.collected.values()
-                for r in results.case_rows(info, outcome)]
+                for r in case_rows(info, outcome)]
         wall = time.time() - self.t0
         overhead = idle_wall(self.launch_records, wall)
         launch_wall = sum(r["wall_s"] for r in self.launch_records)
@@ -95,6 +91,12 @@ class RunRecord:
                          if counts[interrupt.INTERRUPTED] else ""))
         ran = [(info.get("seconds", 0.0), cid) for cid, (o, info) in self.collected.items()
                if o not in ("skipped",)]
+        shared = [info for o, info in self.collected.values() if o != "skipped"
+                  and info.get("device") == "cuda" and info.get("pg_backend") == "gloo"]
+        if shared:
+            most = max(int(i.get("ranks_per_gpu") or 0) for i in shared)
+            tr.write_line(f"{len(shared)} case(s) ran with ranks sharing GPUs (gloo, up to "
+                          f"{most} ranks a GPU; --gpu-share): not an NCCL run")
         for secs, cid in sorted(ran, reverse=True)[:5]:
             tr.write_line(f"  slow: {secs:6.1f}s  {cid}")
         _launches(tr, self.launch_records, time.time() - self.t0)

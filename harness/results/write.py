@@ -37,7 +37,7 @@ ROW_COLUMNS = ["run_id", "case_id", "scenario", "backend", "device", "recipe", "
                "dcp", "reshard", "axes", "phase", "check", "quantity", "metric", "value",
                "tolerance", "row_outcome", "detail", "case_outcome", "case_status",
                "duration_s", "xfail_entry", "xfail_entries", "xfail_reason", "skip_reason",
-               "repro"]
+               "repro", "pg_backend", "ranks_per_gpu"]
 META_COLUMNS = ["date", "git_sha", "torch_version", "te_version", "gpu_name", "hostname"]
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped")  # ("interrupted": interrupt.py)
 
@@ -85,30 +85,6 @@ def run_meta(root: Path, device: str, backend: str, extra_versions: dict) -> dic
                 torch_build=torch.__version__, te_version=extra_versions.get("te") or "",
                 python=platform.python_version(), hostname=socket.gethostname(),
                 cpu_count=os.cpu_count(), device=device, backend=backend, gpu_name=gpu)
-
-
-def case_rows(info: dict, outcome: str) -> list[dict]:
-    """Rows for one case from the dict the plugin attaches to its report."""
-    ax = dict(info["axes"])
-    base = dict(run_id=info["run_id"], case_id=info["case_id"], scenario=info["scenario"],
-                backend=info["backend"], device=info["device"], recipe=ax.get("recipe"),
-                mesh=ax.get("mesh"), module=ax.get("module"), dcp=ax.get("dcp"),
-                reshard=ax.get("reshard"), axes=json.dumps(ax), case_outcome=outcome,
-                case_status=info.get("status", ""), duration_s=info.get("seconds", 0.0),
-                xfail_entry=info.get("xfail_entry"),
-                xfail_entries=",".join(map(str, info.get("xfail_entries") or
-                                           ([info["xfail_entry"]] if info.get("xfail_entry")
-                                            else []))),
-                xfail_reason=info.get("xfail_reason", ""),
-                skip_reason=info.get("skip_reason", ""), repro=info.get("repro", ""))
-    rows = [dict(base, phase="", check="case", quantity="", metric="duration_s",
-                 value=info.get("seconds", 0.0), tolerance=float("nan"), row_outcome=outcome,
-                 detail=info.get("summary", ""))]
-    for r in info.get("rows", []):
-        rows.append(dict(base, phase=r.get("phase", ""), check=r["check"], quantity=r["quantity"],
-                         metric=r["metric"], value=r["value"], tolerance=r["tolerance"],
-                         row_outcome=r["outcome"], detail=r.get("detail", "")))
-    return rows
 
 
 def import_writers() -> None:

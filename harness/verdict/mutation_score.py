@@ -31,10 +31,10 @@ import math
 import re
 from collections import defaultdict
 
+from harness.checks.outcomes import FAILED
 from harness.verdict.registry import CLEAN_VALUE
 
 SWITCHES = CLEAN_VALUE  # axis -> value meaning "no bug injected"
-FAILED = ("fail", "error")
 
 
 def _values(rows) -> dict:
@@ -77,7 +77,7 @@ NOISE_FACTOR = 10.0  # a value moved no more than 10x the rerun's move is noise,
 
 def _new_vs_clean(rows) -> list | None:
     """(phase, check, quantity) of each failure the clean twin's xfail entries do not explain
-    (rows the plugin adds, ``items.new_vs_clean_rows``); None where a run has none (older
+    (rows the plugin adds, ``results.case_rows.new_vs_clean_rows``); None where a run has none (older
     history, or a run without a registry)."""
     marks = [r for r in rows if r.get("metric") == NEW_VS_CLEAN]
     if not marks:

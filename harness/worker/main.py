@@ -43,6 +43,9 @@ from pathlib import Path
 
 _T_MAIN = time.time()  # this module's import: the worker's Python is up (benchmark timeline)
 EXIT_PG_BROKEN = 17  # every rank exits with this when the main group cannot be trusted
+# set by the launcher where ranks share GPUs (harness/launch/placement.py): rank r runs on GPU
+# r mod G and every process group is gloo
+RANKS_PER_GPU_VAR = "HARNESS_RANKS_PER_GPU"
 
 
 @dataclass
@@ -126,7 +129,14 @@ def _init(plan: dict, timeline: dict):
     # the groups form under the launch's set-up timeout (connections, not a case's collective),
     # then take the timeouts their collectives run under
     setup = timedelta(seconds=plan["setup_timeout_s"])
-    if plan["device"] == "cuda":
+    shared = int(os.environ.get(RANKS_PER_GPU_VAR, "1")) > 1  # launch/placement.py
+    if plan["device"] == "cuda" and shared:
+        # ranks share the launch's GPUs (rank r on GPU r mod G): NCCL refuses two ranks on one
+        # device, gloo runs every collective on CUDA tensors
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("gloo", timeout=setup)
+    elif plan["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         # async DCP needs a CPU backend beside NCCL

@@ -1,12 +1,7 @@
-"""The tasks a launch runs, in order: the plan's, then those the launcher feeds while the
-launch is alive (long-lived launches, one per world size and GPU slot for the whole run).
-
-The launcher writes ``queue/000001.json``, ``queue/000002.json``, ... (each a list of tasks,
-written atomically) and, when it will feed no more, ``queue/closed`` holding how many queue
-files there are. Every rank reads the same files in the same order, so all ranks run the same
-sequence without talking to each other. Waiting for the next file is bounded: a launch idle
-for ``idle_timeout_s`` ends (its unfinished tasks are re-launched), and the rank is tethered to
-torchrun, which is tethered to pytest, so a dead run never leaves a rank waiting.
+"""The tasks a launch runs, in order: the plan's, then those fed while it lives. The launcher
+writes ``queue/000001.json``, ... (atomically) and, when it will feed no more, ``queue/closed``
+holding how many there are; every rank reads the same files in the same order. Waiting is
+bounded (``idle_timeout_s``), and the rank is tethered to torchrun, torchrun to pytest.
 """
 
 from __future__ import annotations
@@ -17,8 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 POLL_S = 0.02  # how often a waiting rank looks for the next queue file, at first
-IDLE_POLL_S = 0.2  # ... and after waiting a while (an early launch may wait minutes for its
-# lane: at 50 looks a second its idle ranks took ~2% of a CPU core each)
+IDLE_POLL_S = 0.2  # ... and after waiting a while (50 looks a second cost ~2% of a core)
 
 
 def tasks(root: Path, plan: dict, on_idle: Callable[[], None] = lambda: None) -> Iterator[dict]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.results import write as results
+from harness.results.case_rows import case_rows
 
 T0 = datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc)
 AXES = ("recipe", "mesh", "module", "dcp", "reshard")
@@ -21,7 +22,7 @@ def make_case(ax: dict, outcome: str = "passed", metrics: dict | None = None, *,
               scenario: str = "synth", trace=None, xfail_entry=None, xfail_reason="",
               skip_reason="", summary=None, status="ok", seconds=1.0,
               coverage: dict | None = None) -> dict:
-    """A case as the plugin hands it to ``results.case_rows``.
+    """A case as the plugin hands it to ``results.case_rows.case_rows``.
 
     ``metrics``: {(check, quantity, metric): value | (value, tolerance[, row_outcome, detail])}.
     ``coverage``: {check: status | (status, reason)}, the coverage rows (schema 2).
@@ -63,7 +64,7 @@ def write_run(report_dir: Path, n: int, cases: list[dict], *, device="cpu", gpu=
     rows = []
     for c in cases:
         info = dict(c, run_id=run_id, backend=backend, device=device)
-        rows += results.case_rows(info, c["outcome"])
+        rows += case_rows(info, c["outcome"])
     df = results.frame(rows, meta)
     return results.write_run(report_dir, run_id, df, meta)["parquet"]
 

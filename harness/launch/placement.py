@@ -1,0 +1,77 @@
+"""Where a launch's ranks run: a GPU each over NCCL, or several sharing a GPU over gloo.
+
+NCCL refuses two ranks on one device ("invalid usage", NCCL 2.28.9); gloo runs FSDP2's and
+DCP's collectives on CUDA tensors with ranks sharing a GPU (measured on one H200: all_reduce,
+broadcast, all_gather_into_tensor, reduce_scatter_tensor, all_gather, all_to_all_single; FSDP2
+training, DCP save / load, TE FP8 modules). So a case whose world exceeds the GPUs a launch
+gets runs shared: rank r on GPU r mod G, every process group of the launch gloo
+(``--gpu-share auto``, the default); ``never`` skips such a case as before, ``always`` shares
+even with a GPU per rank (for testing the shared path on a multi-GPU host).
+
+A shared run is not an NCCL run: its result rows say which it was (``pg_backend``,
+``ranks_per_gpu``) and calibration and drift never pool the two.
+
+How many launches share a GPU follows from the ranks each puts on it: every rank is a process
+with its own CUDA context, caching allocator and (async_process saves) a stager. Measured on
+one H200 with the 2/4/8-rank TE matrix: 4 launches x 8 ranks on the GPU ran out of memory in
+async_process saves (cudaErrorMemoryAllocation), 2 x 8 did not. So a GPU holds at most
+``MAX_RANKS_PER_GPU`` ranks of concurrent launches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.worker.main import RANKS_PER_GPU_VAR  # noqa: F401 - set in a shared launch's env
+
+SHARE_MODES = ("auto", "never", "always")
+MAX_RANKS_PER_GPU = 16  # ranks of all concurrent launches on one GPU (2 x 8 ran, 4 x 8 did not)
+NCCL, GLOO = "nccl", "gloo"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How one world size runs on the GPUs: ``slices`` (each a list of GPU ids for one launch),
+    ``ranks_per_gpu`` (1: a GPU per rank) and the process groups' ``pg_backend``."""
+    slices: tuple[tuple[str, ...], ...]
+    ranks_per_gpu: int
+    pg_backend: str
+
+    @property
+    def shared(self) -> bool:
+        return self.ranks_per_gpu > 1
+
+
+def place(world_size: int, gpus: list[str], share: str = "auto") -> Placement | None:
+    """The placement of a ``world_size`` launch on ``gpus`` (visible GPU ids), or None where
+    it cannot run (``share == "never"`` and too few GPUs, or no GPU at all)."""
+    if share not in SHARE_MODES:
+        raise ValueError(f"--gpu-share {share!r}: expected one of {', '.join(SHARE_MODES)}")
+    if not gpus or world_size < 1:
+        return None
+    if len(gpus) >= world_size and share != "always":
+        n = len(gpus) // world_size
+        return Placement(tuple(tuple(gpus[i * world_size:(i + 1) * world_size])
+                               for i in range(n)), 1, NCCL)
+    if share == "never":
+        return None
+    # always: two ranks a GPU (or more where GPUs are fewer); auto: every GPU, shared
+    used = gpus[:max(1, min(len(gpus), world_size // 2))] if share == "always" else gpus
+    rpg = math.ceil(world_size / len(used))
+    return Placement((tuple(used),), rpg, GLOO if rpg > 1 else NCCL)
+
+
+def launches_per_slice(p: Placement, launches_per_gpu: int) -> int:
+    """Concurrent launches on each slice: ``launches_per_gpu``, fewer where their ranks
+    would put more than ``MAX_RANKS_PER_GPU`` on a GPU."""
+    return max(1, min(launches_per_gpu, MAX_RANKS_PER_GPU // p.ranks_per_gpu))
+
+
+def describe(world_sizes, gpus: list[str], share: str) -> tuple[str, int]:
+    """(pg_backend, ranks_per_gpu) of a case whose phases run on ``world_sizes``: gloo where
+    any phase shares a GPU, with the most ranks any phase puts on one."""
+    ps = [place(w, gpus, share) for w in world_sizes]
+    if any(p is None for p in ps):
+        return "", 0
+    return (GLOO if any(p.shared for p in ps) else NCCL), max(p.ranks_per_gpu for p in ps)

@@ -1,0 +1,83 @@
+"""Ranks are not GPUs (harness/launch/placement.py): a case whose world exceeds the GPUs runs
+with ranks sharing them over gloo; with a GPU per rank, NCCL as before. No GPU needed: the GPU
+ids are given."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.launch import placement
+from harness.launch.launcher import Launcher
+from harness.plugin.environment import RunEnvironment
+from harness.results.case_rows import case_rows
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+from harness.worker.main import RANKS_PER_GPU_VAR
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_gpu_per_rank_is_nccl_and_fewer_gpus_are_shared_over_gloo():
+    p = placement.place(2, ["0", "1", "2", "3"])
+    assert (p.slices, p.ranks_per_gpu, p.pg_backend) == ((("0", "1"), ("2", "3")), 1, "nccl")
+    p = placement.place(8, ["0"])
+    assert (p.slices, p.ranks_per_gpu, p.pg_backend) == ((("0",),), 8, "gloo")
+    p = placement.place(4, ["0", "1", "2"])  # rank r on GPU r mod 3: at most 2 a GPU
+    assert (p.slices, p.ranks_per_gpu, p.pg_backend) == ((("0", "1", "2"),), 2, "gloo")
+    assert placement.place(4, ["0"], "never") is None
+    assert placement.place(2, [], "auto") is None  # no GPU: nothing to place
+
+
+def test_always_shares_even_with_a_gpu_per_rank():
+    p = placement.place(4, ["0", "1", "2", "3"], "always")
+    assert (p.slices, p.ranks_per_gpu, p.pg_backend) == ((("0", "1"),), 2, "gloo")
+    assert placement.place(1, ["0"], "always").pg_backend == "nccl"  # one rank: nothing shared
+    with pytest.raises(ValueError, match="--gpu-share 'sometimes'"):
+        placement.place(2, ["0"], "sometimes")
+
+
+def test_shared_slots_carry_the_ranks_per_gpu_and_fewer_launches():
+    """A GPU holds at most MAX_RANKS_PER_GPU ranks of concurrent launches (4 launches x 8 ranks
+    on one H200 ran out of memory)."""
+    one = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4)
+    assert one.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "2"}] * 4
+    assert one.slots(8) == [{"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "8"}] * 2
+    assert one.slots(1) == [{"CUDA_VISIBLE_DEVICES": "0"}] * 4  # a GPU per rank: no share
+    two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=4)
+    assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}] * 4
+    never = Launcher("/nonexistent", "te", "cuda", gpus=["0"], gpu_share="never")
+    assert RANKS_PER_GPU_VAR not in never.slots(2)[0]
+    assert Launcher("/nonexistent", "torch", "cpu").slots(8) == [{}]
+
+
+def test_cases_skip_or_run_shared_by_the_option(monkeypatch):
+    """The environment's view with a faked GPU count: the largest world that fits, and each
+    case's (process-group backend, ranks per GPU) as its rows record them."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    cases = expand(load_scenario(ROOT / "scenarios" / "smoke.yaml"))
+    by_world = {max(c.world_sizes): c for c in cases}
+    auto = RunEnvironment("torch", "cuda", None, "auto")
+    never = RunEnvironment("torch", "cuda", None, "never")
+    assert never.max_world() == 1 and auto.max_world() > 8
+    assert auto.placement(by_world[4]) == ("gloo", 4)
+    assert auto.placement(by_world[2]) == ("gloo", 2)
+    assert RunEnvironment("torch", "cpu", None).placement(by_world[4]) == ("gloo", 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert auto.placement(by_world[4]) == ("nccl", 1)
+
+
+def test_a_run_mixing_shared_and_unshared_cases_records_both():
+    """The history row of each case says how its ranks ran; drift baselines key on it."""
+    from harness.report.history import hardware_key
+    base = dict(run_id="r", scenario="s", backend="te", device="cuda", skip_reason="",
+                repro="", seconds=1.0, status="ok", rows=[])
+    shared = case_rows(dict(base, case_id="a", axes=[["mesh", "dp8"]], pg_backend="gloo",
+                            ranks_per_gpu=8), "passed")
+    own = case_rows(dict(base, case_id="b", axes=[["mesh", "dp2"]], pg_backend="nccl",
+                         ranks_per_gpu=1), "passed")
+    assert (shared[0]["pg_backend"], shared[0]["ranks_per_gpu"]) == ("gloo", "8")
+    assert (own[0]["pg_backend"], own[0]["ranks_per_gpu"]) == ("nccl", "1")
+    keys = {hardware_key("cuda", "H200", "te", r["pg_backend"], r["ranks_per_gpu"])
+            for r in shared + own}
+    assert keys == {"cuda/H200/te", "cuda/H200/te/gloo-shared-x8"}
+    assert hardware_key("cpu", "", "torch", "gloo", "0") == "cpu/-/torch"  # CPU: as before
