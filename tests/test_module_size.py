@@ -1,11 +1,11 @@
-"""Size limits that keep harness/ readable (issue 12): no module over 400 lines, no class over
+"""Size limits that keep harness/ readable (issue 12): no module over 300 lines, no class over
 150 lines. A module that outgrows them is split by concern, not granted an exception."""
 
 import ast
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 300
 MAX_CLASS_LINES = 150
 EXEMPT: set[str] = set()  # none: every module keeps the limits
 
