@@ -5,7 +5,9 @@ is detected, never assumed from a version number:
 
 * recipes: TE's own availability checks (``te.is_fp8_available(return_reason=True)``, ...);
   a recipe the GPU cannot run is a skip carrying TE's reason;
-* FSDP2 x TP: needs ``set_device_mesh`` on TE modules (TE PR #2713); without it TP cases skip;
+* FSDP2 x TP: needs ``set_device_mesh`` on TE modules (TE PR #2713): TE's own where the
+  installed TE has it, else the bundled port (backends/te_tp; :func:`te_tp.tp_support` says
+  which: ``versions()["te_tp"]`` and a note on every TP case);
 * workarounds of TE bugs are findings (``WORKAROUNDS``: registry entries, reported on every
   case, and the ``te_workarounds`` scenario runs without each one -- axis ``without`` -- so the
   failure stays measured): TE's ``reset_parameters`` looks the HSDP shard group up as
@@ -30,6 +32,8 @@ import functools
 
 import torch
 
+from harness.backends.te_tp import BUNDLED
+from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
 from harness.spec import catalog
 
@@ -78,10 +82,6 @@ class TEBackend(TorchBackend):
             ok, reason = getattr(te, AVAILABLE[case.recipe])(return_reason=True)
             if not ok:
                 return f"{RECIPE_CLASS[case.recipe]} not available on this GPU (TE: {reason})"
-        tp = max(case.mesh.tp, case.target.tp if case.target else 1)
-        if tp > 1 and not hasattr(te.Linear, "set_device_mesh"):
-            return (f"TE {version} has no set_device_mesh (TE PR #2713, unmerged): TE modules "
-                    f"cannot hand FSDP2/DCP their TP shards as DTensors")
         return self.layout_skip_reason(case)
 
     @staticmethod
@@ -98,8 +98,15 @@ class TEBackend(TorchBackend):
         _import()
 
     def versions(self) -> dict[str, str]:
-        _, version, _ = _import()
-        return {"te": version} if version else {}
+        te, version, _ = _import()
+        return {"te": version, "te_tp": _tp_support(te)} if version else {}
+
+    def case_notes(self, case) -> dict[str, str]:
+        te = _import()[0]
+        if _tp(case) == 1 or te is None:
+            return {}
+        return {"te_tp": f"TE modules hand FSDP2 / DCP their TP shards through PR #2713's "
+                         f"set_device_mesh: {_tp_support(te)}"}
 
     # --- worker ---------------------------------------------------------------------------
     def recipe(self, case):
@@ -155,6 +162,8 @@ class TEBackend(TorchBackend):
         full = self.reference_model(case, seed, device).state_dict()
         if "init_extra_state" not in self.applied_workarounds(case):
             full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
+        if mesh_spec.tp > 1:  # plain TP shards (port piece dtensor_params off) take their slice
+            full = _tp_local_full(model, full, mesh, mesh_spec)
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
         return model
 
@@ -183,12 +192,14 @@ class TEBackend(TorchBackend):
         long-lived launch runs many; TE registers every DelayedScaling module's amax history
         in process-global buffers keyed by autocast, so a case must not depend on which
         cases ran before it), and the case's TE mutant (axis ``mutation``) patched in for the
-        case's duration."""
+        case's duration; on FSDP2 x TP cases without TE's own set_device_mesh, the port's class
+        patches (backends/te_tp/port.py) around it."""
         from harness.backends import te_mutations
         _reset_global_state()
         try:
-            with te_mutations.applied(case.ax.get("mutation", "none")):
-                yield
+            with _port_patches(case):
+                with te_mutations.applied(case.ax.get("mutation", "none")):
+                    yield
         finally:
             _reset_global_state()
 
@@ -201,6 +212,26 @@ class TEBackend(TorchBackend):
     def checks(self, case) -> dict:
         from harness.checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
+
+
+def _tp(case) -> int:
+    """The case's TP size (its mesh's or its reshard target's)."""
+    return max(case.mesh.tp, case.target.tp if case.target else 1)
+
+
+def _port_patches(case):
+    """The #2713 port's class patches on TE's tensors for an FSDP2 x TP case without TE's own
+    ``set_device_mesh`` (backends/te_tp/port.py); nothing otherwise."""
+    from harness.backends.te_tp.port import class_patches
+    port = _tp(case) > 1 and _tp_support(_import()[0]) == BUNDLED
+    return class_patches() if port else contextlib.nullcontext()
+
+
+def _tp_local_full(model, full: dict, mesh, mesh_spec) -> dict:
+    """``full`` cut to this TP rank's shards for parameters that are plain TP shards."""
+    from harness.backends.te_tp.dtensor_params import tp_local_full
+    from harness.spec.mesh import TP
+    return tp_local_full(model, full, mesh[TP].get_local_rank(), mesh_spec.tp)
 
 
 def _reset_global_state() -> None:

@@ -9,12 +9,12 @@ The embedding and the tied head stay high precision: the head is built outside
 layers are quantized. The head's ``weight`` is the embedding's parameter object.
 
 TE's ``reset_parameters`` re-registers the head's weight as a new parameter (module_setattr):
-the backend re-ties it after (``parallel.retie``). With a TP mesh (needs TE's
-``set_device_mesh``, PR #2713; the backend skips TP cases without it): DTensor TP on the embedding (``RowwiseParallel``: vocabulary rows ``Shard(0)``), TE TP in
-the layers (``set_parallel_mode`` + ``set_device_mesh``) and on the head (``parallel_mode=
-"column"`` over the vocabulary: its local weight is the embedding's local ``Shard(0)`` rows, so
-no ``set_device_mesh`` for the head, as the PR says), the head's vocabulary-sharded logits
-gathered over TP.
+the backend re-ties it after (``parallel.retie``). With a TP mesh: DTensor TP on the embedding
+(``RowwiseParallel``: vocabulary rows ``Shard(0)``), TE TP in the layers (``set_parallel_mode``
++ PR #2713's ``set_device_mesh``: TE's own, or the bundled port, backends/te_tp) and on the head
+(``parallel_mode="column"`` over the vocabulary: its local weight is the embedding's local
+``Shard(0)`` rows, so no ``set_device_mesh`` for the head, as the PR says), the head's
+vocabulary-sharded logits gathered over TP.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 
 
 class TELlamaStack(nn.Module):
-    def __init__(self, te, d, device, tp_mesh=None):
+    def __init__(self, te, d, device, tp_mesh=None, weight_mesh=None):
         super().__init__()
         self.tp_mesh = tp_mesh
         self._autocast = te.autocast  # the head runs outside the recipe
@@ -54,8 +54,10 @@ class TELlamaStack(nn.Module):
                 parallelize_module,
             )
             parallelize_module(self.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+            from harness.backends.te_tp.port import localize, set_device_mesh
             for layer in self.layers:
-                layer.set_device_mesh(tp_mesh=tp_mesh)
+                set_device_mesh(layer, tp_mesh, weight_mesh)
+            localize(self.lm_head)  # its tied weight is the embedding's DTensor
         self.lm_head.weight = self.embed.weight  # tied (a DTensor Shard(0) with TP)
 
     def forward(self, ids):

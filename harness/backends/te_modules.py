@@ -1,8 +1,17 @@
-"""The te backend's modules: what a case's module axis value builds from TransformerEngine."""
+"""The te backend's modules: what a case's module axis value builds from TransformerEngine.
+
+With a TP mesh the TE modules are built for their TP rank (``tp_group`` / ``tp_size``; Linear and
+LayerNormLinear column-parallel, LayerNormMLP / MultiheadAttention / TransformerLayer with
+``set_parallel_mode``) and handed to PR #2713's ``set_device_mesh`` -- TE's own, or the bundled
+port (backends/te_tp) -- with the FSDP shard x TP group as ``weight_mesh``. A column-parallel
+module's output is a TP shard of the last dim: it is gathered, so every module returns what the
+single-process FP32 reference returns.
+"""
 
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor, Shard
 
 
 def make(te, case, backend_name: str, device: str, mesh=None, mesh_spec=None,
@@ -16,26 +25,47 @@ def make(te, case, backend_name: str, device: str, mesh=None, mesh_spec=None,
         seed = case.train.seed if seed is None else seed
         return models.build(case.model_ref, models.context(
             case, backend_name, seed, device, mesh, mesh_spec, reference=mesh is None))
+    tp_mesh, weights, column, parallel = None, None, {}, {}
+    if mesh_spec is not None and mesh_spec.tp > 1:
+        from harness.distributed.parallel import weight_group
+        from harness.spec.mesh import TP
+        tp_mesh, weights = mesh[TP], weight_group(mesh, mesh_spec)
+        tp = dict(tp_group=tp_mesh.get_group(), tp_size=tp_mesh.size())
+        column, parallel = dict(parallel_mode="column", **tp), dict(set_parallel_mode=True, **tp)
     if kind == "LlamaStack":
         from harness.backends.te_llama_stack import TELlamaStack
-        from harness.spec.mesh import TP
-        tp = mesh[TP] if mesh_spec is not None and mesh_spec.tp > 1 else None
-        return TELlamaStack(te, d, device, tp)
+        return TELlamaStack(te, d, device, tp_mesh, weights)
     if kind == "Linear":
-        return te.Linear(d.hidden, d.out_features, **common)
-    if kind == "LayerNormLinear":
-        return te.LayerNormLinear(d.hidden, d.out_features, **common)
-    if kind == "LayerNormMLP":
-        return te.LayerNormMLP(d.hidden, d.ffn, **common)
+        m = te.Linear(d.hidden, d.out_features, **column, **common)
+    elif kind == "LayerNormLinear":
+        m = te.LayerNormLinear(d.hidden, d.out_features, **column, **common)
+    elif kind == "LayerNormMLP":
+        m = te.LayerNormMLP(d.hidden, d.ffn, **parallel, **common)
     # bias=False: a key bias has an identically-zero gradient (softmax shift invariance) and
     # Adam would turn rounding noise into O(lr) updates no two runs share.
-    if kind == "MultiheadAttention":
-        return te.MultiheadAttention(d.hidden, d.heads, attention_dropout=0.0,
-                                     input_layernorm=True, fuse_qkv_params=True, bias=False,
-                                     qkv_format="bshd", attn_mask_type="causal", **common)
-    if kind == "TransformerLayer":
-        return te.TransformerLayer(d.hidden, d.ffn, d.heads, hidden_dropout=0.0,
-                                   attention_dropout=0.0, fuse_qkv_params=True, bias=False,
-                                   attn_input_format="bshd", self_attn_mask_type="causal",
-                                   **common)
-    raise ValueError(kind)
+    elif kind == "MultiheadAttention":
+        m = te.MultiheadAttention(d.hidden, d.heads, attention_dropout=0.0,
+                                  input_layernorm=True, fuse_qkv_params=True, bias=False,
+                                  qkv_format="bshd", attn_mask_type="causal", **parallel,
+                                  **common)
+    elif kind == "TransformerLayer":
+        m = te.TransformerLayer(d.hidden, d.ffn, d.heads, hidden_dropout=0.0,
+                                attention_dropout=0.0, fuse_qkv_params=True, bias=False,
+                                attn_input_format="bshd", self_attn_mask_type="causal",
+                                **parallel, **common)
+    else:
+        raise ValueError(kind)
+    if tp_mesh is not None:
+        from harness.backends.te_tp.port import set_device_mesh
+        set_device_mesh(m, tp_mesh, weights)
+        if kind in ("Linear", "LayerNormLinear"):  # column-parallel: output is a TP shard
+            m._te_tp_output_mesh = tp_mesh
+            m.register_forward_hook(gather_output)
+    return m
+
+
+def gather_output(module, args, out):
+    """A column-parallel module's output, gathered over TP along its last dim (autograd:
+    the backward hands each rank its slice of the gradient)."""
+    mesh = module._te_tp_output_mesh
+    return DTensor.from_local(out, mesh, [Shard(out.dim() - 1)], run_check=False).full_tensor()

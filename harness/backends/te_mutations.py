@@ -5,8 +5,9 @@ actually installed that the check named in its xfail entry still catches the bug
 Each mutant is a small function that patches TE classes in this worker process and returns the
 function that undoes the patch; ``applied(name)`` applies one around a case. The names mirror
 the reference backend's ``fixes`` switches (``no_<fix>``), so one table in the report shows a
-fix and its mutant side by side. Nothing here is copied from TE: each patch only removes,
-wraps or re-routes what TE defines.
+fix and its mutant side by side. ``no_tp_<piece>`` switch off a piece of the bundled port of
+#2713 (backends/te_tp), which stands in for what the installed TE lacks. Nothing here is
+copied from TE: each patch only removes, wraps or re-routes what TE defines.
 """
 
 from __future__ import annotations
@@ -147,12 +148,23 @@ def no_optimizer_dtensor_state() -> Callable[[], None]:
     return _undo_all(undo)
 
 
+def no_tp(piece: str) -> Callable[[], Callable[[], None]]:
+    """A piece of the #2713 port (backends/te_tp) switched off: on a TE without its own
+    ``set_device_mesh`` that piece is what TE lacks again (``no_tp_dtensor_params``: TP shards
+    stay plain parameters, as before the PR -- with TE's own, its call is skipped too)."""
+    from harness.backends import te_tp
+    return lambda: te_tp.switch_off(piece)
+
+
 MUTANTS: dict[str, Callable[[], Callable[[], None]]] = {
     "no_optimizer_dtensor_state": no_optimizer_dtensor_state,
     "no_to_copy_keeps_subclass": no_to_copy_keeps_subclass,
     "no_empty_untyped_storage": no_empty_untyped_storage,
     "no_quantized_allgather": no_quantized_allgather,
     "no_weights_only_pickle": no_weights_only_pickle,
+    **{f"no_tp_{piece}": no_tp(piece) for piece in ("dtensor_params", "local_identity",
+                                                     "allgather_out", "block_storage",
+                                                     "amax_group")},
 }
 
 

@@ -72,6 +72,11 @@ class TorchBackend:
         scenario of its own. The worker records them on every case."""
         return {}
 
+    def case_notes(self, case) -> dict[str, str]:
+        """What else the backend wants on the case's rows (name -> text; e.g. the te backend:
+        TE's own set_device_mesh or the bundled port). The worker records them as notes."""
+        return {}
+
     def canonical_state(self, flat: dict) -> dict:
         """A flattened state as the checks compare it (the te backend decodes TE's pickled
         ``_extra_state``); the identity here."""

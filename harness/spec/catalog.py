@@ -167,6 +167,12 @@ MUTATIONS = {
     "no_empty_untyped_storage": "#2974 reverted: QuantizedTensor.untyped_storage is torch's",
     "no_quantized_allgather": "FSDP2 all-gather hooks removed from TE's quantized tensors",
     "no_weights_only_pickle": "#2974 reverted: __reduce_ex__ via a bound classmethod",
+    # pieces of the bundled #2713 port (backends/te_tp) off, on FSDP2 x TP cases
+    "no_tp_dtensor_params": "#2713 port: TP shards stay plain parameters (no set_device_mesh)",
+    "no_tp_local_identity": "#2713 port: forward gets a to_local() alias, not the local object",
+    "no_tp_allgather_out": "#2713 port: fsdp_post_all_gather gets FSDP2's out= DTensor as is",
+    "no_tp_block_storage": "#2713 port: block formats keep TE's 0-byte untyped_storage",
+    "no_tp_amax_group": "#2713 port: current-scaling weight amax over TE's mesh['shard'] only",
 }
 
 

@@ -32,7 +32,8 @@ How a case uses it (every backend, every check unchanged):
   and ``ctx.recipe="fp32"``;
 * inputs, targets and loss are the ``task``'s (``catalog.TASKS``, ``worker/data.py``);
 * te backend: the factory runs on device ``meta`` under ``te.quantized_model_init`` and may
-  build TE layers (``ctx.backend == "te"``); TP needs TE's ``set_device_mesh``. The reference
+  build TE layers (``ctx.backend == "te"``); TP of TE layers needs PR #2713's
+  ``set_device_mesh`` (TE's own or ``backends.te_tp.port.set_device_mesh``). The reference
   backend quantizes only its own TE-style modules: a factory's plain layers run fp32 / bf16
   there, and quantized recipes skip with that reason.
 

@@ -100,6 +100,8 @@ def train(art) -> dict:
     for name, what in ctx.backend.applied_workarounds(case).items():
         art.rec.note("train", f"workaround:{name}", f"the {ctx.backend.name} backend applies "
                                                     f"workaround {name}: {what}")
+    for name, what in ctx.backend.case_notes(case).items():
+        art.rec.note("train", name, what)
     run = Run(ctx, case, case.mesh, seed=case.train.seed)
     faults.after_build(case, run)
     initial = run.full_params()

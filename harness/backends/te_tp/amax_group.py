@@ -1,0 +1,80 @@
+"""(e) ``weight_mesh``: current-scaling weight amaxes reduced over every rank holding a piece of
+the weight.
+
+A per-tensor scale (Float8CurrentScaling; NVFP4's global scale) must come from the amax of the
+whole weight. TE 2.20.2's ``reset_parameters`` sets ``amax_reduction_group`` for a DTensor
+parameter to ``device_mesh.get_group("shard")`` (for a 2-D mesh) -- the FSDP shard dim only:
+under FSDP2 x TP each TP shard gets a scale of its own. The PR takes the group from
+``weight_mesh`` (FSDP-TP: shard x tp flattened; HSDP: the shard dim). The port wraps the
+module's ``reset_parameters`` (an instance attribute, a bound method: deep copies rebind it):
+after TE's own, each quantized parameter's quantizer and the module's weight quantizer get
+``with_amax_reduction = True`` and ``amax_reduction_group = <weight group>``. Piece off: TE's
+choice stays.
+"""
+
+from __future__ import annotations
+
+import types
+
+from torch.distributed.tensor import DTensor
+
+from harness.backends.te_tp import PortError, on
+
+NAME = "amax_group"
+QUANTIZERS = ("Float8CurrentScalingQuantizer", "NVFP4Quantizer")  # per-tensor amax
+_GROUP = "_te_tp_amax_group"
+
+
+def configure(module, group) -> bool:
+    """Make ``module.reset_parameters`` end with :func:`apply` over ``group`` (a process group);
+    only TE modules that quantize parameters (``param_init_meta``). True if configured."""
+    if group is None or not hasattr(module, "param_init_meta"):
+        return False
+    if _GROUP not in module.__dict__:
+        module.reset_parameters = types.MethodType(_reset_parameters, module)
+    module.__dict__[_GROUP] = group
+    return True
+
+
+def _reset_parameters(self, defer_init=False):
+    type(self).reset_parameters(self, defer_init=defer_init)
+    if not defer_init:
+        apply(self)
+
+
+def _weight_quantizer(module, name):
+    meta = module.param_init_meta.get(name)
+    index = getattr(meta, "fp8_meta_index", None)
+    fwd = (getattr(module, "quantizers", None) or {}).get("scaling_fwd")
+    if index is None or not fwd:
+        return None
+    if isinstance(fwd, dict):
+        return fwd.get(index)
+    return fwd[index] if index < len(fwd) else None
+
+
+def apply(module) -> int:
+    """Point the weight quantizers of ``module``'s quantized parameters at the module's weight
+    group; returns how many quantizers it set (0 with the piece off)."""
+    group = module.__dict__.get(_GROUP)
+    if not on(NAME) or group is None:
+        return 0
+    n = 0
+    for name, p in module.named_parameters(recurse=False):
+        t = p._local_tensor if isinstance(p, DTensor) else p
+        own = getattr(t, "_quantizer", None)
+        if own is None:  # not a quantized parameter
+            continue
+        for q in (own, _weight_quantizer(module, name)):
+            if q is None or not (type(q).__name__ in QUANTIZERS
+                                 or getattr(q, "with_amax_reduction", False)):
+                continue
+            if not hasattr(q, "amax_reduction_group"):
+                raise PortError(NAME, f"{type(q).__name__} of {type(module).__name__}.{name} has "
+                                      f"no amax_reduction_group (TE's quantizer API changed)")
+            q.with_amax_reduction = True
+            q.amax_reduction_group = group
+            n += 1
+        if getattr(t, "amax_reduction_group", None) is not None:  # a tensor-level override
+            t.amax_reduction_group = group
+    return n
