@@ -156,11 +156,14 @@ def _fixes_table(tr, table: list[dict]) -> None:
         tr.write_line(f"  mutation score ({backend}): {sc['caught']} caught / "
                       f"{sc['caught'] + sc['masked'] + sc['survived']} effective "
                       f"({sc['masked']} masked by known failures, {sc['survived']} survived); "
-                      f"{sc['ineffective']} ineffective")
+                      f"{sc['ineffective']} ineffective"
+                      + "".join(f", {sc[k]} {k.replace('_', ' ')} (no check's catch)"
+                                for k in ("crashed", "timed_out") if sc[k]))
 
 
 def switched_cases(collected: dict) -> list[dict]:
     """The collected cases in the shape mutation_score.table reads."""
     return [dict(case_id=cid, scenario=info["scenario"], backend=info["backend"],
-                 axes=dict(info["axes"]), outcome=outcome, rows=info.get("rows", []))
+                 axes=dict(info["axes"]), outcome=outcome, rows=info.get("rows", []),
+                 status=info.get("status"))
             for cid, (outcome, info) in collected.items() if outcome != "skipped"]
