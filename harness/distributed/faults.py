@@ -127,7 +127,14 @@ def _zero_exp_avg(optim) -> None:
 @torch.no_grad()
 def after_train(case, run) -> None:
     """Fault ``diverge_replica``: the last rank adds 1e-3 to the first element of the first
-    parameter it holds a replica of (HSDP replicate dim, TP-replicated norms / biases)."""
+    parameter it holds a replica of (HSDP replicate dim, TP-replicated norms / biases). Fault
+    ``stale_master``: every master weight of the optimizer is 1.01x the weight the model
+    computes with (every rank)."""
+    if fault_of(case) == "stale_master":
+        for st in run.optim.state.values():
+            m = st.get("master_param")
+            if isinstance(m, torch.Tensor):
+                getattr(m, "_local_tensor", m).mul_(1.01)
     if fault_of(case) != "diverge_replica":
         return
     from torch.distributed.tensor import DTensor, Replicate

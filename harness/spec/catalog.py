@@ -141,6 +141,8 @@ FAULTS = {
     "diverge_replica": "after training, the last rank's copy of a replicated parameter differs",
     "export_nan": "the safetensors export writes NaN into one exported tensor",
     "export_wrong": "the safetensors export writes 1.01x the values of one exported tensor",
+    "stale_master": "after training, the optimizer's master weights are 1.01x the weights the "
+    "model computes with",
     "async_differs": "one parameter changes between the sync twin and the async save",
     "untie_on_load": "the load leaves each tied parameter's later aliases as separate copies "
     "(what a load that assigns instead of copying does)",
