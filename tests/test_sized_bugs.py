@@ -54,6 +54,55 @@ def test_a_wrong_learning_rate_fails_update_norms(sized, recipe, fault):
     assert rel["value"] > 10 * rel["tolerance"]  # not a near miss
 
 
+# (recipe, fault) -> params / stored_params rel-L2 measured vs the calibrated tolerance, where
+# the bug passes them (LayerNormMLP 256/512, 2 ranks, CPU; issue 33): the tolerances are 3x a
+# p99 pooled over modules and backends (TE MultiheadAttention's delayed params: 0.278), and
+# under Adam a quantized run's weights already differ from the FP32 run's by rel-L2 0.07-0.17
+# here -- a 1.5x step (0.23) or weights that never move (0.405) sit inside. update_norms /
+# params_updated catch both (test above, and below); these quantities do not.
+PARAMS_BLIND = {
+    ("delayed", "lr_scale_1.5"): "params 0.235 / stored 0.233 vs 0.824 / 0.825",
+    ("delayed", "frozen_weights"): "params / stored 0.405 vs 0.824 / 0.825 (TE: 0.448)",
+    ("current", "lr_scale_1.5"): "params 0.234 / stored 0.234 vs 0.427 / 0.430",
+    ("current", "frozen_weights"): "params / stored 0.405 vs 0.427 / 0.430",
+    ("block", "lr_scale_1.5"): "params 0.227 / stored 0.228 vs 0.281 / 0.289",
+    ("mxfp8", "lr_scale_1.5"): "stored 0.228 vs 0.232 (params 0.227 vs 0.224 fails, barely)",
+    ("nvfp4", "lr_scale_1.5"): "params 0.285 / stored 0.295 vs 0.531 / 0.579",
+    ("nvfp4", "frozen_weights"): "params / stored 0.411 vs 0.531 / 0.579",
+}
+
+
+def _params_cases():
+    for fault in ("lr_scale_1.5", "frozen_weights"):
+        for recipe in RECIPES:
+            why = PARAMS_BLIND.get((recipe, fault))
+            yield pytest.param(recipe, fault, marks=[pytest.mark.xfail(
+                strict=True, reason=f"passes the calibrated tolerance: {why}")] if why else [])
+
+
+@pytest.mark.parametrize("recipe, fault", list(_params_cases()))
+def test_a_wrong_update_fails_params_and_stored_params(sized, recipe, fault):
+    """A 1.5x learning rate and weight matrices that never move must fail the parameters'
+    own comparison (the master weights and, for quantized recipes, the quantized weights),
+    not only update_norms. Where the calibrated tolerance is too wide to see them the case is
+    a strict xfail with the numbers (PARAMS_BLIND): it turns into an XPASS failure once the
+    tolerance can see the bug."""
+    res = sized[(recipe, fault)]
+    assert res.status == "ok", res.errors
+    assert _fails(res, "fp32_parity", "params"), _rows(res, "fp32_parity", "params")
+    if recipe not in ("fp32", "bf16"):
+        assert _fails(res, "fp32_parity", "stored_params"), _rows(res, "fp32_parity",
+                                                                  "stored_params")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_weights_that_never_move_fail_update_norms_and_params_updated(sized, recipe):
+    res = sized[(recipe, "frozen_weights")]
+    assert _fails(res, "fp32_parity", "update_norms")
+    row = _rows(res, "fp32_parity", "params_updated")["violations"]
+    assert row["outcome"] == "fail" and "did not move during training" in row["detail"]
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_a_wrong_scale_fails_loss_and_grads(sized, recipe):
     res = sized[(recipe, "wrong_scale")]

@@ -146,3 +146,84 @@ def test_timeout_is_a_case_failure_only_a_case_entry_explains(tmp_path):
             reason: hangs
         """)
     assert verdict.judge(rows, "timeout", ["timed out after 15s"], es).outcome == "xfailed"
+
+
+def test_every_named_quantity_must_fail_not_just_its_check(tmp_path):
+    """Issue 33: an entry naming fp32_parity/params and fp32_parity/update_norms does not
+    xfail a case where only update_norms failed -- params is a strict XPASS, by name."""
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails:
+              - {check: fp32_parity, quantity: params}
+              - {check: fp32_parity, quantity: update_norms}
+            reason: r
+        """)
+    only_norms = [cov("fp32_parity", "failed"), fail("fp32_parity", "update_norms", "x")]
+    v = verdict.judge(only_norms, "ok", [], es)
+    assert v.outcome == "failed", v.message
+    assert [(e.number, str(f)) for e, f in v.unmet] == [(1, "fp32_parity/params")]
+    assert ("XPASS: xfail entry 1 (xfails.yaml line 2) names fp32_parity/params failing, but "
+            "fp32_parity/params did not fail (fp32_parity failed only in update_norms): remove "
+            "it from entry 1") in v.message
+    both = only_norms + [fail("fp32_parity", "params", "y")]
+    assert verdict.judge(both, "ok", [], es).outcome == "xfailed"
+    # a message names the failure too: the quantity failing another way does not meet it
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails:
+              - {check: fp32_parity, quantity: update_norms}
+              - {check: fp32_parity, quantity: params_updated, message: "did not move"}
+              - {check: fp32_parity, quantity: params, strict: false}
+            reason: r
+        """)
+    moved = both + [fail("fp32_parity", "params_updated", "every parameter moved")]
+    v = verdict.judge(moved, "ok", [], es)
+    assert v.outcome == "failed" and "params_updated /did not move/ did not fail" in v.message
+
+
+def test_up_to_on_a_metric_the_failure_did_not_measure_explains_nothing(tmp_path):
+    """A bound on n_diff cannot hold for a comparison that measured no n_diff (a toleranced
+    one: max_abs and rel_l2 only) or for an error: such a failure is neither explained nor
+    met -- before, an absent metric counted as within its bound."""
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: {check: load, up_to: {n_diff: 100}}
+            reason: r
+        """)
+    v = verdict.judge([cov("load", "failed"), error("load", LOAD_ERR)], "ok", [], es)
+    assert v.outcome == "failed"
+    assert "not explained by any entry: load/error" in v.message
+    assert ("names load n_diff<=100 failing, but its failing rows measure no n_diff"
+            in v.message)
+    rows = [cov("load", "failed"),
+            dict(fail("load", "state", "x", "max_abs"), value=0.5),
+            dict(fail("load", "state", "x", "rel_l2"), value=0.1)]
+    assert verdict.judge(rows, "ok", [], es).outcome == "failed"
+    rows.append(dict(fail("load", "state", "x", "n_diff"), value=41))
+    assert verdict.judge(rows, "ok", [], es).outcome == "xfailed"
+    # one comparison merged over ranks: each metric the worst rank's, details differ
+    rows[-1]["detail"] = "x (rank 1)"
+    assert verdict.judge(rows, "ok", [], es).outcome == "xfailed"
+    rows[-1]["value"] = 262151
+    assert verdict.judge(rows, "ok", [], es).outcome == "failed"
+
+
+def test_a_quantity_its_check_never_measured_is_not_held_against_the_entry(tmp_path):
+    """A check that raised before it measured a named quantity (its load failed first) did not
+    show the quantity passing: no XPASS. One that ran to its end measured all it has."""
+    es = entries(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails:
+              - {check: weights_only_load, message: "Weights only"}
+              - {check: weights_only_load, quantity: rebuilt_buffers, message: "transpose"}
+            reason: r
+        """)
+    raised = [cov("weights_only_load", "failed"), error("weights_only_load", "Weights only ...")]
+    assert verdict.judge(raised, "ok", [], es).outcome == "xfailed"
+    measured = raised + [dict(fail("weights_only_load", "rebuilt_buffers", "x"), outcome="pass")]
+    v = verdict.judge(measured, "ok", [], es)
+    assert v.outcome == "failed" and "weights_only_load/rebuilt_buffers" in v.message

@@ -91,7 +91,7 @@ def quantized_allgather_parity(run, rec) -> None:
                                         name))
             gathered_deq[name] = full(u)
             manual_deq[name] = shards[name]["dequantized"]
-    record_wire(rec, moved, [n for n, _ in params])
+    record_wire(rec, moved, [n for n, _ in params], run.case.recipe)
     rec.flag("quantized_allgather_parity", "quantized_unshard", not violations,
              "; ".join(violations) or "every unsharded weight is quantized")
     if violations:
@@ -113,9 +113,10 @@ def quantized_allgather_parity(run, rec) -> None:
                     tolerances.BITWISE)
 
 
-def record_wire(rec, moved: dict, quantized: list[str]) -> None:
-    """Rows for the bytes FSDP2 moved: a verdict, and the largest bytes/element (a trace)."""
-    bad = wire.violations(moved, quantized)
+def record_wire(rec, moved: dict, quantized: list[str], recipe: str) -> None:
+    """Rows for the bytes FSDP2 moved: a verdict (at most ``recipe``'s bytes per element in a
+    data input), and the largest bytes/element (a trace)."""
+    bad = wire.violations(moved, quantized, recipe)
     rec.flag("quantized_allgather_parity", "bytes_on_wire", not bad, "; ".join(bad) or "; ".join(
         wire.describe(n, moved[n]) for n in quantized if n in moved))
     worst = max((wire.bytes_per_element(moved[n]) for n in quantized if n in moved), default=0.0)

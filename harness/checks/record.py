@@ -31,13 +31,18 @@ class Recorder:
                               tolerance=float(tolerance), outcome=outcome, detail=detail))
 
     def compare(self, check: str, quantity: str, actual: dict, expected: dict,
-                tol: Tolerance) -> Comparison:
+                tol: Tolerance, over: tuple[int, str] | None = None) -> Comparison:
+        """One comparison's rows; ``over``: (elements beyond a bound of the check's own -- e.g.
+        element-wise --, what they are): none may be, its row is ``n_over``."""
         c = compare(actual, expected)
-        outcome = "pass" if c.passes(tol) else "fail"
-        detail = c.describe(tol)
+        holds = over is None or over[0] == 0
+        outcome = "pass" if c.passes(tol) and holds else "fail"
+        detail = c.describe(tol) + ("" if holds else f"; {over[1]}")
         if tol.bitwise:
             self._row(check, quantity, "n_diff", c.n_diff + len(c.problems) + len(c.nonfinite),
                       0, outcome, detail)
+        if over is not None:
+            self._row(check, quantity, "n_over", over[0], 0, outcome, detail)
         self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, outcome, detail)
         self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, outcome, detail)
         return c

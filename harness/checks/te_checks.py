@@ -56,7 +56,7 @@ def quantized_allgather_parity(run, rec) -> None:
                     raw_got[f"{n}#{k}"], raw_want[f"{n}#{k}"] = v, shard_raw[f"{n}#{k}"]
                 else:
                     skipped.append(f"{n}#{k}")
-    record_wire(rec, moved, [n for n, _ in params])
+    record_wire(rec, moved, [n for n, _ in params], run.case.recipe)
     rec.flag("quantized_allgather_parity", "quantized_unshard", not bad,
              "; ".join(bad) or "every unsharded weight is quantized")
     if gathered:

@@ -3,9 +3,10 @@
 ``recording()`` wraps ``FSDPParam.all_gather_inputs`` (the tensors FSDP2 hands to its
 all-gather: a quantized tensor's ``fsdp_pre_all_gather`` outputs, else the shard itself) for
 the duration of a block and records, per parameter, the dtype and bytes of every input and
-the shard's element count. ``verdicts`` judges them: a quantized parameter must move its
-quantized bytes -- every data-sized input one byte per element or less (FP8 / MXFP8: 1;
-NVFP4: 1/2 packed), scale-sized inputs beside them -- never its dequantized values.
+the shard's element count. ``violations`` judges them: a quantized parameter must move its
+quantized bytes -- every data-sized input (rowwise, columnwise) at most the format's bytes per
+element of the parameter (FP8 / MXFP8: 1; NVFP4: 1/2, two E2M1 values packed per byte),
+scale-sized inputs beside them -- never its dequantized values, nor unpacked codes.
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ def describe(name: str, entry: dict) -> str:
     return f"{name}: {parts} for {entry['numel']} elements ({bytes_per_element(entry):.3g} B/element)"
 
 
-def violations(log: dict, quantized: list[str]) -> list[str]:
-    """Quantized parameters whose all-gather moved more than one byte per element in a
-    data-sized input (an input of at least 1/8 of the shard's elements), or that were not
-    gathered at all."""
+BYTES_PER_ELEMENT = {"nvfp4": 0.5}  # recipe -> a data input's bytes per parameter element
+DEFAULT_BYTES = 1.0  # FP8 formats: one byte per element
+
+
+def violations(log: dict, quantized: list[str], recipe: str = "") -> list[str]:
+    """Quantized parameters whose all-gather moved more than the recipe's bytes per element of
+    the shard in a data-sized input (an input of at least 1/8 of the shard's elements), or
+    that were not gathered at all."""
+    limit = BYTES_PER_ELEMENT.get(recipe, DEFAULT_BYTES)
     bad = []
     for name in quantized:
         entry = log.get(name)
@@ -78,4 +84,7 @@ def violations(log: dict, quantized: list[str]) -> list[str]:
         if not data or any(b > n for _, n, b in data):
             bad.append(describe(name, entry) + ": dequantized values on the wire, not the "
                                                "quantized bytes")
+        elif any(b > limit * entry["numel"] for _, _, b in data):
+            bad.append(describe(name, entry) + f": more than {limit:g} B/element in a data "
+                                               f"input ({recipe or 'quantized'} moves {limit:g})")
     return bad

@@ -51,7 +51,11 @@ def run_lr_scale(case) -> float:
 @torch.no_grad()
 def after_build(case, run) -> None:
     """Sized bug ``wrong_scale``: the first weight of the run under test reads twice its value
-    -- a quantized weight's scale_inv doubled (re-quantized at 2x), a plain weight doubled."""
+    -- a quantized weight's scale_inv doubled (re-quantized at 2x), a plain weight doubled.
+    Sized bug ``frozen_weights``: the optimizer skips every weight matrix (their gradients are
+    dropped right before each step, after the first step's were captured)."""
+    if fault_of(case) == "frozen_weights":
+        _freeze_weights(run.optim)
     if fault_of(case) != "wrong_scale":
         return
     for _, p in run.model.named_parameters():
@@ -80,6 +84,17 @@ def after_load(case, run, rank: int) -> None:
     local = p.to_local() if hasattr(p, "to_local") else p
     if local.numel():
         local.view(-1)[0] += 1e-3
+
+
+def _freeze_weights(optim) -> None:
+    weights = [p for g in optim.param_groups for p in g["params"] if p.dim() >= 2]
+    step = optim.step
+
+    def frozen_step(*args, **kwargs):
+        for p in weights:
+            p.grad = None  # optimizers skip a parameter without a gradient
+        return step(*args, **kwargs)
+    optim.step = frozen_step
 
 
 def _drop_columnwise(model) -> None:
@@ -127,7 +142,14 @@ def _zero_exp_avg(optim) -> None:
 @torch.no_grad()
 def after_train(case, run) -> None:
     """Fault ``diverge_replica``: the last rank adds 1e-3 to the first element of the first
-    parameter it holds a replica of (HSDP replicate dim, TP-replicated norms / biases)."""
+    parameter it holds a replica of (HSDP replicate dim, TP-replicated norms / biases). Fault
+    ``stale_master``: every master weight of the optimizer is 1.01x the weight the model
+    computes with (every rank)."""
+    if fault_of(case) == "stale_master":
+        for st in run.optim.state.values():
+            m = st.get("master_param")
+            if isinstance(m, torch.Tensor):
+                getattr(m, "_local_tensor", m).mul_(1.01)
     if fault_of(case) != "diverge_replica":
         return
     from torch.distributed.tensor import DTensor, Replicate

@@ -122,15 +122,17 @@ class Run:
         """Parameter values under the canonical (plain-torch module) names: for a quantized
         parameter the optimizer's fp32 master weight where it keeps one (``masters``), else the
         parameter (quantized: dequantized)."""
-        params = {}
-        for n, p in self.model.named_parameters():
-            # the master is the truth of a quantized parameter only: an optimizer may keep an
-            # unused (stale) master_param for a full-precision one (TE FusedAdam does)
-            quant = is_quantized(getattr(p, "_local_tensor", p))
-            master = self.optim.state.get(p, {}).get("master_param") if masters and quant \
-                else None
-            params[n] = master if isinstance(master, torch.Tensor) else p
-        return self._canonical(flatten(params, raw=False))
+        return self._canonical(flatten({n: self.truth(p) if masters else p
+                                        for n, p in self.model.named_parameters()}, raw=False))
+
+    def truth(self, p):
+        """What parameter ``p`` holds: the optimizer's fp32 master weight for a quantized one
+        (the quantized weight is a rounding of it), else ``p`` itself -- an optimizer may keep an
+        unused (stale) master_param for a full-precision one (TE FusedAdam does)."""
+        if not is_quantized(getattr(p, "_local_tensor", p)):
+            return p
+        master = self.optim.state.get(p, {}).get("master_param")
+        return master if isinstance(master, torch.Tensor) else p
 
     def _canonical(self, d: dict) -> dict:
         names = self.backend.canonical_names(self.model)

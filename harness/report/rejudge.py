@@ -19,7 +19,7 @@ from harness.spec.matrix import Case
 from harness.verdict import judge as verdict
 from harness.verdict import registry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (scenarios/ is beside harness/)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

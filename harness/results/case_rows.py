@@ -32,13 +32,19 @@ def case_rows(info: dict, outcome: str) -> list[dict]:
     rows = [dict(base, phase="", check="case", quantity="", metric="duration_s",
                  value=info.get("seconds", 0.0), tolerance=float("nan"), row_outcome=outcome,
                  detail=info.get("summary", ""))]
-    case = coverage_rows(info.get("rows", []), info.get("coverage") or {})
-    if info.get("vs_clean") is not None:  # a case with a bug switched on (mutation_score)
-        case += new_vs_clean_rows(info["vs_clean"])
-    for r in case:
+    for r in judged_rows(info):
         rows.append(dict(base, phase=r.get("phase", ""), check=r["check"], quantity=r["quantity"],
                          metric=r["metric"], value=r["value"], tolerance=r["tolerance"],
                          row_outcome=r["outcome"], detail=r.get("detail", "")))
+    return rows
+
+
+def judged_rows(info: dict) -> list[dict]:
+    """The case's result rows as the verdict has them: coverage rows with their unit's status
+    and, for a case with a bug switched on, what its clean twin's entries do not explain."""
+    rows = coverage_rows(info.get("rows", []), info.get("coverage") or {})
+    if info.get("vs_clean") is not None:  # read by mutation_score
+        rows += new_vs_clean_rows(info["vs_clean"])
     return rows
 
 

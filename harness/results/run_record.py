@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.launch import interrupt
 from harness.launch.tasks import task_wall
 from harness.results import write as results
-from harness.results.case_rows import case_rows
+from harness.results.case_rows import case_rows, judged_rows
 from harness.verdict import mutation_score
 
 LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
@@ -158,11 +158,14 @@ def _fixes_table(tr, table: list[dict]) -> None:
         tr.write_line(f"  mutation score ({backend}): {sc['caught']} caught / "
                       f"{sc['caught'] + sc['masked'] + sc['survived']} effective "
                       f"({sc['masked']} masked by known failures, {sc['survived']} survived); "
-                      f"{sc['ineffective']} ineffective")
+                      f"{sc['ineffective']} ineffective"
+                      + "".join(f", {sc[k]} {k.replace('_', ' ')} (no check's catch)"
+                                for k in ("crashed", "timed_out") if sc[k]))
 
 
 def switched_cases(collected: dict) -> list[dict]:
     """The collected cases in the shape mutation_score.table reads."""
     return [dict(case_id=cid, scenario=info["scenario"], backend=info["backend"],
-                 axes=dict(info["axes"]), outcome=outcome, rows=info.get("rows", []))
+                 axes=dict(info["axes"]), outcome=outcome, rows=judged_rows(info),
+                 status=info.get("status"))
             for cid, (outcome, info) in collected.items() if outcome != "skipped"]

@@ -138,9 +138,13 @@ FAULTS = {
     "lr_scale_0.67": "the run under test steps with 0.67x the reference's learning rate",
     "wrong_scale": "the first weight reads 2x its value (a quantized weight's scale_inv x 2)",
     "drop_exp_avg": "the loaded optimizer's largest exp_avg is zeroed",
+    "frozen_weights": "the optimizer never updates the weight matrices (what TE FusedAdam "
+    "without master weights does to DelayedScaling FP8 weights)",
     "diverge_replica": "after training, the last rank's copy of a replicated parameter differs",
     "export_nan": "the safetensors export writes NaN into one exported tensor",
     "export_wrong": "the safetensors export writes 1.01x the values of one exported tensor",
+    "stale_master": "after training, the optimizer's master weights are 1.01x the weights the "
+    "model computes with",
     "async_differs": "one parameter changes between the sync twin and the async save",
     "untie_on_load": "the load leaves each tied parameter's later aliases as separate copies "
     "(what a load that assigns instead of copying does)",

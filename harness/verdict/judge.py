@@ -9,10 +9,14 @@ Exact semantics (the shape of pytest's own strict xfail, per failure instead of 
   n_diff): it explains a failing comparison -- the rows of one (phase, check, quantity,
   detail), one per metric -- only within those bounds, so a known failure cannot hide a
   larger one;
-* every failure an entry names must happen where its unit ran: a named check that ran and
-  passed is a strict XPASS ("remove it from entry N"), and so is a case that passed, and so is
-  a ``beyond`` failure whose comparison failed smaller than it names; a failure marked
-  ``strict: false`` (a value-dependent symptom) explains a row but need not happen;
+* every failure an entry names must happen, at the level it names it, in every case the entry
+  matches where its unit ran: a named quantity (or message) of a check that ran and did not
+  fail that way is a strict XPASS naming it ("remove it from entry N") -- whether the check
+  passed or failed only in other quantities -- and so is a case that passed, a ``beyond``
+  failure whose comparison failed smaller than it names, and an ``up_to`` failure whose
+  failing rows lack the metric it bounds (no size measured: nothing it could explain); a
+  failure marked ``strict: false`` (a value-dependent symptom) explains a row but need not
+  happen; a unit that did not run (its artifact failed) is not held against the entry;
 * coverage: each unit of the case is passed / failed / xfailed (failed, every failure
   explained) / not_run (with the reason the worker gave).
 """
@@ -47,14 +51,15 @@ def failing_rows(rows: list[dict], status: str, errors: list[str]) -> list[dict]
 
 def comparison_values(bad: list[dict]) -> list[dict]:
     """For each failing row, metric -> value over the rows of its comparison (same phase,
-    check, quantity and detail: one Recorder.compare writes one row per metric)."""
+    check and quantity: one Recorder.compare writes one row per metric, and the ranks' rows
+    are merged to one per metric -- each the worst rank's, so their details may differ)."""
     groups: dict[tuple, dict] = {}
     for r in bad:
         v = r.get("value")
-        g = groups.setdefault((r.get("phase"), r["check"], r["quantity"], r.get("detail")), {})
+        g = groups.setdefault((r.get("phase"), r["check"], r["quantity"]), {})
         if isinstance(v, (int, float)):
             g[r.get("metric")] = v
-    return [groups[(r.get("phase"), r["check"], r["quantity"], r.get("detail"))] for r in bad]
+    return [groups[(r.get("phase"), r["check"], r["quantity"])] for r in bad]
 
 
 def judge(rows: list[dict], status: str = "ok", errors: list[str] = (), entries=()) -> Verdict:
@@ -62,10 +67,10 @@ def judge(rows: list[dict], status: str = "ok", errors: list[str] = (), entries=
     sizes = comparison_values(bad)
     pairs = [(r, v) for r, v in zip(bad, sizes) if not any(e.explains(r, v) for e in entries)]
     unexplained = [r for r, _ in pairs]
-    ran_ok = _units_that_passed(rows)
+    measured = _measured(rows)
     unmet = [(e, f) for e in entries for f in e.fails
              if f.strict and not any(f.happened(r, v) for r, v in zip(bad, sizes))
-             and (f.check in ran_ok or any(f.matches(r) for r in bad))]
+             and (_held(f, measured) or any(f.matches(r) for r in bad))]
     larger = _larger_than_registered(pairs, entries)
     coverage = _coverage(rows, bad, unexplained)
     if not bad:
@@ -76,14 +81,30 @@ def judge(rows: list[dict], status: str = "ok", errors: list[str] = (), entries=
                            coverage=coverage)
         return Verdict(PASSED, coverage=coverage)
     if unexplained or unmet or not entries:
-        return Verdict(FAILED_, _message(entries, unexplained, unmet, larger), unexplained,
-                       unmet, coverage)
+        return Verdict(FAILED_, _message(entries, unexplained, unmet, larger, bad, sizes),
+                       unexplained, unmet, coverage)
     return Verdict(XFAILED, "; ".join(f"{e.label}: {e.reason}" for e in entries), [], [],
                    coverage)
 
 
-def _units_that_passed(rows) -> set[str]:
-    return {r["check"] for r in rows if r.get("metric") == COVERAGE and r["outcome"] == PASSED}
+def _measured(rows) -> tuple[set, set]:
+    """(units that ran to their end, (unit, quantity) measured by units that raised): a unit
+    ran when its coverage says so (passed, failed, or xfailed in a recorded run); the case
+    itself always ran."""
+    ran = {r["check"] for r in rows if r.get("metric") == COVERAGE
+           and r["outcome"] in (PASSED, FAILED_, XFAILED)} | {"case"}
+    raised = {r["check"] for r in rows if r.get("outcome") == "error"} - {"case"}
+    measured = {(r["check"], r["quantity"]) for r in rows if r["check"] in raised & ran
+                and r.get("metric") != COVERAGE and r.get("outcome") in ("pass", *FAILED)}
+    return ran - raised, measured | {(u, q) for u in raised & ran for q in (None, "error")}
+
+
+def _held(f, measured) -> bool:
+    """A strict failure must happen where its unit ran and measured the quantity it names: a
+    unit that ran to its end measured every quantity it has (one it has not cannot fail); a
+    unit that raised measured those it has rows of; one that did not run, nothing."""
+    whole, some = measured
+    return f.check in whole or (f.check, f.quantity) in some
 
 
 def _coverage(rows, bad, unexplained) -> dict[str, tuple[str, str]]:
@@ -114,7 +135,7 @@ def _larger_than_registered(pairs, entries) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _message(entries, unexplained, unmet, larger=()) -> str:
+def _message(entries, unexplained, unmet, larger=(), bad=(), sizes=()) -> str:
     lines = []
     if larger:
         lines.append("larger than the known failure: " + "; ".join(larger))
@@ -127,13 +148,28 @@ def _message(entries, unexplained, unmet, larger=()) -> str:
             f"{r['check']}/{r['quantity']}: {str(r.get('detail', ''))[:300]}"
             for r in _one_per_quantity(unexplained)))
     for e, f in unmet:
-        if f.beyond:
-            lines.append(f"{e.label} names {f} failing, but it did not fail that much: remove "
-                         f"it from entry {e.number} or measure again")
-        else:
-            lines.append(f"{e.label} names {f} failing, but {f.check} ran and passed: remove "
-                         f"it from entry {e.number}")
+        lines.append(f"XPASS: {e.label} names {f} failing, but {_how_unmet(f, bad, sizes)}: "
+                     f"remove it from entry {e.number}"
+                     + (" or measure again" if f.beyond or f.up_to else ""))
     return "\n".join(lines)
+
+
+def _how_unmet(f, bad, sizes) -> str:
+    """Why a strict failure an entry names did not happen in this case."""
+    mine = [(r, v) for r, v in zip(bad, sizes) if f.matches(r)]
+    if mine and f.beyond:
+        return "it did not fail that much"
+    if mine:  # up_to: failed, but no row of its comparison measured the bounded metric
+        return (f"its failing rows measure no {', '.join(m for m, _ in f.up_to)} (no size it "
+                f"could bound)")
+    same = sorted({r["quantity"] for r in bad if r["check"] == f.check})
+    if f.check == "case":
+        return "the case ran to its end"
+    if not same:
+        return f"{f.check} ran and passed"
+    what = _short(f) + (f" /{f.message}/" if f.message else "")
+    return (f"{what} did not fail ({f.check} failed only in "
+            f"{', '.join(same[:6])})")
 
 
 def _short(f) -> str:

@@ -24,15 +24,17 @@ compute capability, names exactly how the cases fail, and says why and where tha
 (``harness/verdict.py``): an entry explains only the failures it names; any other failure of
 the case fails it, naming the entry and what is unexplained. Several entries may apply to one
 case when they name different checks, different quantities of one check, or one check with
-different messages (two that would explain the same failing row are an error). Strictness: a
-named check that ran and passed, or a case that passed, is an XPASS failure ("remove entry N").
+different messages (two that would explain the same failing row are an error). Strictness:
+every strict failure must happen as named -- a named quantity (or message) of a check that ran
+and did not fail that way, or a case that passed, is an XPASS failure ("remove it from entry N").
 A failure marked ``strict: false`` explains a row when it happens and is not required to: for a
 symptom that depends on the values (e.g. whether a re-quantization rounds back to the same
 scale, which differs between CPUs whose matmuls round differently); the entry's reason must say
 so, and every entry must name at least one strict failure.
 Sizes: ``up_to: {metric: X}`` (metrics ``max_abs``, ``rel_l2``, ``n_diff`` of a comparison)
 explains a failing comparison only while each named metric is <= X -- a known failure whose
-size was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"); set X
+size was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"), nor
+can a failure that did not measure the metric (an error, a toleranced comparison's n_diff); set X
 from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
 only when each is > X, and a strict one must happen that large: a second bug on top of a known
 failure of the same quantity. Two failures with disjoint sizes do not overlap.
@@ -86,14 +88,16 @@ class Failure:
                      is not None))
 
     def happened(self, row: dict, values: dict[str, float] | None = None) -> bool:
-        """Matches and is at least as large as ``beyond`` asks (``values``: metric -> value of
-        the row's comparison; default the row's own)."""
+        """Matches, is at least as large as ``beyond`` asks and measured every metric ``up_to``
+        bounds (``values``: metric -> value of the row's comparison; default the row's own):
+        a failure with no size cannot be within a size."""
         v = _values(row, values)
-        return self.matches(row) and all(m in v and v[m] > b for m, b in self.beyond)
+        return (self.matches(row) and all(m in v and v[m] > b for m, b in self.beyond)
+                and all(m in v for m, _ in self.up_to))
 
     def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
         v = _values(row, values)
-        return self.happened(row, v) and all(m not in v or v[m] <= b for m, b in self.up_to)
+        return self.happened(row, v) and all(v[m] <= b for m, b in self.up_to)
 
     def too_large(self, row: dict, values: dict[str, float] | None = None) -> list[str]:
         """'metric value > bound' for each ``up_to`` the row's comparison exceeds."""

@@ -130,16 +130,17 @@ def reference(art) -> dict:
 
 
 def export(art) -> dict:
-    """The FP32 safetensors export users ship: each parameter's fp32 master weight where the
-    optimizer keeps one, else the parameter as fp32 (rank 0 writes; every rank gathers)."""
+    """The FP32 safetensors export users ship: a quantized parameter's fp32 master weight where
+    the optimizer keeps one, else the parameter as fp32 -- never a full-precision parameter's
+    master, which an optimizer may keep stale (``Run.truth``); rank 0 writes, every rank
+    gathers. Also the quantized weights the model computes with, for the check."""
     from safetensors.torch import save_file
 
     from harness.distributed.run import flatten, is_quantized
     run = art["trained"].run
     sources, quantized = {}, {}
     for name, p in run.model.named_parameters():
-        master = run.optim.state.get(p, {}).get("master_param")
-        sources[name] = master if isinstance(master, torch.Tensor) else p
+        sources[name] = run.truth(p)
         if is_quantized(getattr(p, "_local_tensor", p)):
             quantized[name] = p
     # one gather for the whole export and one for the quantized weights (not one per tensor)

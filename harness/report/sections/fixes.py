@@ -4,8 +4,10 @@ pass; and one table over both with the mutation score (``harness/mutation_score.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from harness.report.context import ReportContext, axes
-from harness.report.outcomes import FAILED_ROWS, case_rows, check_rows
+from harness.report.outcomes import FAILED_ROWS, case_rows, check_rows, coverage_rows
 from harness.verdict import mutation_score
 
 SWITCHES = mutation_score.SWITCHES  # axis -> value with no bug injected
@@ -68,19 +70,20 @@ def fixes(ctx: ReportContext) -> list[dict]:
 
 def mutation_table(ctx: ReportContext) -> dict:
     """Fixes and mutants in one table over the latest run of every group: verdict (caught /
-    masked / survived / ineffective), the checks that caught it, and the score per backend and TE
+    masked / survived / ineffective / crashed / timed_out), the checks that caught it, and the score per backend and TE
     version."""
     cases = []
     for g in ctx.groups:
         rows = ctx.rows(g)
         cs = case_rows(rows)
-        checks = check_rows(rows)
+        checks = pd.concat([check_rows(rows), coverage_rows(rows)])  # coverage: what was explained
         te = str(rows["te_version"].iloc[0]) if "te_version" in rows and len(rows) else ""
-        for c, a, o in zip(cs["case_id"], map(axes, cs["axes"]), cs["case_outcome"]):
+        status = cs["case_status"] if "case_status" in cs else [None] * len(cs)
+        for c, a, o, st in zip(cs["case_id"], map(axes, cs["axes"]), cs["case_outcome"], status):
             if not any(k in a for k in SWITCHES) or o == "skipped":
                 continue
             mine = checks[checks["case_id"] == c]
-            cases.append(dict(case_id=c, scenario=g.scenario,
+            cases.append(dict(case_id=c, scenario=g.scenario, status=st or None,
                               backend=f"{g.backend}" + (f" (TE {te})" if te else ""),
                               axes={k: str(v) for k, v in a.items()}, outcome=o,
                               rows=[dict(check=r.check, quantity=r.quantity, metric=r.metric,
