@@ -2,7 +2,7 @@
 
 import json
 
-from synth_history import A, B, C, make_case, report_dir, write_run  # noqa: F401
+from synth_history import A, B, C, make_case, write_run
 
 from harness.__main__ import main
 from harness.report import goldens

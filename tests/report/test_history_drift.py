@@ -20,7 +20,6 @@ from synth_history import (
     case_id,
     drifting_history,  # noqa: F401
     make_case,
-    report_dir,  # noqa: F401 - a fixture
     write_run,
 )
 

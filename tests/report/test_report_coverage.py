@@ -11,7 +11,6 @@ from synth_history import (  # noqa: F401
     NOT_LOADED,
     A,
     make_case,
-    report_dir,
     rich_history,
     write_run,
 )

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from synth_history import D, E, case_id, report_dir, rich_history  # noqa: F401
+from synth_history import D, E, case_id, rich_history  # noqa: F401
 
 from harness.__main__ import main
 from harness.report import history, html
