@@ -62,6 +62,10 @@ def validate(config) -> None:
     _positive_int(config, "world_size", "--world-size")
     _positive_int(config, "nnodes", "--nnodes", MAX_NODES)
     _positive_int(config, "launches_per_gpu", "--launches-per-gpu", 16)
+    reg = config.getoption("xfail_registry")
+    if reg is not None and not Path(reg).is_file():  # a typo must not turn the xfails off
+        _fail(f"--xfail-registry {reg}: {'not a file' if Path(reg).exists() else 'no such file'}"
+              f" (an xfail registry is a YAML file with 'entries', like scenarios/xfails.yaml)")
     # (with --nnodes 1 both are unused: a 1-node allocation of ci/slurm/ still runs)
     endpoint, launcher = config.getoption("rdzv_endpoint"), config.getoption("node_launcher")
     if endpoint is not None:

@@ -54,8 +54,10 @@ class HarnessSession:
         self.env = RunEnvironment(sel.backend, config.getoption("device"),
                                   config.getoption("max_world_size"))
         self.backend, self.device = sel.backend, self.env.device
-        reg_path = Path(config.getoption("xfail_registry") or sel.scenario_dir / "xfails.yaml")
-        self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"}))
+        given = config.getoption("xfail_registry")  # given: it must exist; the default may not
+        reg_path = Path(given or sel.scenario_dir / "xfails.yaml")
+        self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"},
+                                                  missing_ok=not given))
         winput = getattr(config, "workerinput", None)
         self.worker_id = winput["workerid"] if winput else None
         self.run_id = (winput.get("harness_run_id") if winput else None) or results.new_run_id()
