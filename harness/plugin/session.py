@@ -126,9 +126,8 @@ class HarnessSession:
         items = [i for i in session.items if isinstance(i, CaseItem)]
         self.selected_items = {i.case.id: i for i in items}
         if not items:
-            pytest.exit(f"--scenario {' '.join(self.selection.names)} selected zero cases "
-                        f"(backend {self.backend}, after -k/-m selection): nothing would be "
-                        f"checked", returncode=pytest.ExitCode.USAGE_ERROR)
+            pytest.exit(self.selection.zero_cases(*(self.config.getoption(o) for o in (
+                "world_size", "keyword", "markexpr"))), returncode=pytest.ExitCode.USAGE_ERROR)
         runnable = [i.case for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
             return
