@@ -65,9 +65,7 @@ class HarnessSession:
         # absolute: launches run with their own working directory
         report_dir = (here / Path(rd).expanduser() if rd else root / "reports").resolve()
         if not config.getoption("collectonly") and self.worker_id is None:
-            options.check_writable("--report-dir", report_dir)  # launches log there too
-            if config.getoption("work_dir"):
-                options.check_writable("--work-dir", Path(config.getoption("work_dir")))
+            options.check_dirs(report_dir, config.getoption("work_dir"))  # room, access
         self.record = RunRecord(t0, report_dir, not config.getoption("no_report"),
                                 self.worker_id)
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
