@@ -19,7 +19,7 @@ import pytest
 
 from harness.launch import interrupt
 from harness.launch.case_result import CaseResult
-from harness.plugin import interrupted, options
+from harness.plugin import interrupted, leftovers, options
 from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, scope_of
 from harness.plugin.failure_text import FailureFormatter
@@ -66,6 +66,7 @@ class HarnessSession:
         report_dir = (here / Path(rd).expanduser() if rd else root / "reports").resolve()
         if not config.getoption("collectonly") and self.worker_id is None:
             options.check_dirs(report_dir, config.getoption("work_dir"))  # room, access
+            leftovers.sweep(config, config.getoption("work_dir"))  # what killed runs left
         self.record = RunRecord(t0, report_dir, not config.getoption("no_report"),
                                 self.worker_id)
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
