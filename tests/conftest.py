@@ -6,6 +6,18 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_temporary_directories_of_dead_runs_left():
+    """The suite leaves nothing in /tmp or /dev/shm (issue 29): no run it killed may leave a
+    temporary directory behind (``launch.scratch``; tests that kill a run give it a TMPDIR and
+    work dir of their own, and remove or sweep what it left)."""
+    from harness.launch import scratch
+    before = set(scratch.leftovers(scratch.parents()))
+    yield
+    left = sorted(set(scratch.leftovers(scratch.parents())) - before)
+    assert not left, f"temporary directories of dead runs were left behind: {left}"
+
+
 @pytest.fixture
 def write_yaml(tmp_path):
     """Write a YAML text to tmp_path/<name>.yaml and return the path."""

@@ -16,6 +16,8 @@ PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.p
                       "launch/feed.py", "launch/scheduler.py", "launch/launch_dir.py",
                       "launch/procs.py", "launch/tethered.py", "launch/interrupt.py",
                       "launch/gpu.py", "worker/task_feed.py", "worker/tether.py"]
+# not counted: launch/scratch.py (directories of killed runs swept by the next run: files, not
+# processes), the task model (tasks, task_graph, case_result), placement, inductor_cache
 PROCESS_MANAGEMENT_MAX_LINES = 1500
 
 

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# before pytester's snapshot of sys.modules: it drops what a test imported, and torch's C
+# extension fails a second import in one process (in-process runs that check models import it)
+import torch  # noqa: F401
+
 from harness.spec.matrix import expand
 from harness.spec.scenario import ScenarioError, load_scenario
 
@@ -58,6 +62,9 @@ SCENARIO_CASES = {
     "timeout_s text": ("timeout_s: 60", "timeout_s: 1m", ["must be a number, got '1m'"]),
     "train.lr nan": ("lr: 0.01", "lr: .nan", ["train.lr: must be a finite number, got nan"]),
     "train.lr 0": ("lr: 0.01", "lr: 0", ["train.lr: must be > 0 and <= 10, got 0"]),
+    "train.lr 1e-3": ("lr: 0.01", "lr: 1e-3",  # YAML 1.1: text, not a float
+                      ["train.lr: must be a number, got '1e-3' (YAML 1.1 reads 1e-3 as text, not "
+                       "a number: write it with a dot and a signed exponent, e.g. 1.0e-3)"]),
     "train.steps bool": ("steps: 2", "steps: true",
                          ["train.steps: must be an integer, got True"]),
     "train.seed negative": ("seed: 1", "seed: -1", ["train.seed: must be >= 0"]),
@@ -129,6 +136,15 @@ OPTION_CASES = {
                               "--work-dir {tmp}/afile/work: not writable (Not a directory)"),
     "report-dir not writable": (["--report-dir", "{tmp}/afile/reports"],
                                 "--report-dir {tmp}/afile/reports: not writable"),
+    "xfail-registry missing": (["--xfail-registry", "{tmp}/xfails.yml"],
+                               "--xfail-registry {tmp}/xfails.yml: no such file (an xfail "
+                               "registry is a YAML file"),
+    "scenario is a directory": (["--scenario", "{tmp}/a"],
+                                "--scenario {tmp}/a: a directory, not a scenario; name a scenario"
+                                " in it with --scenario-dir {tmp}/a --scenario NAME (its "
+                                "scenarios: q, s) or give a .yaml file"),
+    "scenario file missing": (["--scenario", "nope.yaml"],
+                              "--scenario nope.yaml: no such file; scenarios in "),
     "two files one name": (["--scenario", "{tmp}/a/s.yaml", "--scenario", "{tmp}/b/s.yaml"],
                            "--scenario: two scenario files are named 's': "),
     "several backends, none chosen": (["--scenario", "{tmp}/a/q.yaml", "--collect-only"],
@@ -151,6 +167,14 @@ def test_bad_option_is_a_one_line_usage_error(pytester, args, message):
     assert "Traceback" not in out and "INTERNALERROR" not in out, out
 
 
+def test_world_size_without_cases_names_the_world_size(pytester):
+    ret, out = _run(pytester, "--scenario", "s", "--world-size", "3", "--collect-only")
+    assert ret == pytest.ExitCode.USAGE_ERROR, out
+    assert "--world-size 3: no case of --scenario s (backend torch) has world size 3; their " \
+           "world sizes: 2" in out, out
+    assert "-k" not in out, out  # it was not -k / -m that dropped them
+
+
 def test_good_options_pass(pytester):
     ret, out = _run(pytester, "--scenario", "s", "--case-timeout", "30", "--nnodes", "2",
                     "--rdzv-endpoint", "[::1]:29500", "--max-world-size", "2", "--collect-only")
@@ -165,11 +189,11 @@ from harness.launch.launcher import TaskResult
 _real = launcher.Launcher.run_lane
 
 
-def _fake(self, source, world_size, env):
+def _fake(self, feed, world_size, env):
     # what a report dir that fills up or turns read-only mid-run looks like at the end
     (self.root.parents[2] / "history").write_text("a file where the history dir goes")
-    while tasks := source.wait(self._stop):
-        source.finished({t.name: TaskResult(t.name, "ok") for t in tasks})
+    while tasks := feed.wait(self._stop):
+        feed.finished({t.name: TaskResult(t.name, "ok") for t in tasks})
 
 
 def pytest_configure(config):

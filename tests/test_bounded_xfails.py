@@ -9,7 +9,7 @@ import pytest
 from harness.results.case_rows import new_vs_clean_rows
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict
-from harness.verdict import registry
+from harness.verdict import registry, registry_file
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard", "mutation"}
 
@@ -33,7 +33,7 @@ ON_TOP = """\
 def load(tmp_path, text):
     p = tmp_path / "xfails.yaml"
     p.write_text(textwrap.dedent(text))
-    return registry.load(p, AXES)
+    return registry_file.load(p, AXES)
 
 
 def compare(quantity, detail, **metrics):

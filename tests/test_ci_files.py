@@ -103,3 +103,85 @@ def test_night_check_fails_a_night_that_checked_too_little(tmp_path):
     rc, out = night(good, _junit(tmp_path / "f.xml", tests=3, failures=1))
     assert rc == 1 and "1 failed, 0 errors" in out
     assert night(good, least=16)[0] == 1  # 15 checked, 16 expected
+
+
+# --- the README's GPU set-up: TransformerEngine's own install first, then the offline bundle ---
+def _gpu_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("### Real TransformerEngine on GPU")
+    return readme[start:readme.index("\n## ", start)]
+
+
+def test_readme_gpu_setup_names_only_what_the_project_has():
+    text = _gpu_section()
+    blocks = [b.split("```")[0] for b in text.split("```bash")[1:]]
+    assert 'pip install --no-build-isolation "transformer_engine[pytorch]"' in blocks[0]
+    assert "--backend te" in blocks[0] and ".tebundle" not in blocks[0]  # no bundle needed
+    assert "bash ci/te-bundle/bundle.sh" in blocks[1] and "source .tebundle/install.sh" in blocks[1]
+    assert "../" not in text, "the set-up must not point outside the repository"
+    for word in " ".join(blocks).split():
+        if word.startswith("ci/"):
+            assert (ROOT / word).exists(), word
+
+
+def test_te_bundle_scripts_parse_and_fill_the_install_template():
+    import shutil
+    import subprocess
+    d = ROOT / "ci" / "te-bundle"
+    for script in ("bundle.sh", "install.sh"):
+        if shutil.which("bash"):
+            subprocess.run(["bash", "-n", str(d / script)], check=True, timeout=30)
+    template = (d / "install.sh").read_text()
+    bundle = (d / "bundle.sh").read_text()
+    for key in {w.split("@")[1] for w in template.split() if w.count("@") >= 2}:
+        assert f"@{key}@" in bundle, f"bundle.sh does not fill @{key}@ of install.sh"
+    assert "/.tebundle/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def _fatbin_elf(entries: list[tuple[int, bytes]]) -> tuple[bytearray, dict]:
+    """A 64-bit little-endian ELF file with one .nv_fatbin section holding one fatbin (after 8
+    bytes of padding) whose entries are (SM arch, payload); also where each payload is."""
+    import struct
+    names = b"\0.shstrtab\0.nv_fatbin\0"
+    body, where = bytearray(), {}
+    for arch, payload in entries:
+        head = bytearray(64)
+        struct.pack_into("<HHIQ", head, 0, 2, 0x101, 64, len(payload))
+        struct.pack_into("<I", head, 28, arch)
+        where[arch] = (len(body) + 64, len(payload))
+        body += head + payload
+    fatbin = bytes(8) + struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+    elf = bytearray(64) + names
+    elf += bytes(-len(elf) % 8)
+    fat_at = len(elf)
+    elf += fatbin
+    elf += bytes(-len(elf) % 8)
+    table = len(elf)
+    sections = [(0, 0, 0, 0), (1, 3, 64, len(names)), (11, 1, fat_at, len(fatbin))]
+    for name, kind, offset, size in sections:
+        elf += struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, offset, size, 0, 0, 1, 0)
+    elf[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", elf, 0x28, table)
+    struct.pack_into("<HHH", elf, 0x3A, 64, len(sections), 1)
+    body_at = fat_at + 8 + 16
+    return elf, {a: (body_at + off, n) for a, (off, n) in where.items()}
+
+
+def test_strip_fatbin_zeroes_the_other_architectures_only(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "strip_fatbin", ROOT / "ci" / "te-bundle" / "strip_fatbin.py")
+    strip_fatbin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(strip_fatbin)
+    elf, at = _fatbin_elf([(80, b"\x11" * 40), (90, b"\x22" * 24), (100, b"\x33" * 16)])
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(bytes(elf))
+    assert strip_fatbin.main([str(lib), "90,100"]) == 0
+    out = lib.read_bytes()
+    assert len(out) == len(elf)
+    part = {a: out[o:o + n] for a, (o, n) in at.items()}
+    assert part == {80: bytes(40), 90: b"\x22" * 24, 100: b"\x33" * 16}
+    untouched = bytearray(elf)
+    for o, n in (at[80],):
+        untouched[o:o + n] = bytes(n)
+    assert out == bytes(untouched)  # headers and everything else as they were

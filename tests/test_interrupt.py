@@ -3,20 +3,24 @@ launch is in the middle of its batch (one case finished, the next one running, a
 async DCP helper alive). It must stop within seconds with pytest's exit status 2, leave no
 process and no work directory behind, and write a valid history holding the finished case and
 the unfinished ones as ``interrupted``. And when pytest is SIGKILLed (no clean-up code can run;
-what a crashed pytest-xdist worker looks like), the tethers still take every process down."""
+what a crashed pytest-xdist worker looks like), the tethers still take every process down, and
+the next run removes the temporary directories it left (its work dir, its launch's TMPDIR)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from proc_sampler import Sampler
-from subprocs import harness_env, pytest_argv
+from subprocs import harness_env, pytest_argv, run_all
 
+from harness.launch import scratch
 from harness.report import history
 
 STOP_BOUND_S = 20.0
@@ -57,7 +61,21 @@ def _mid_batch(reports: Path, timeout_s: float = 180.0) -> Path:
     raise AssertionError(f"no launch got mid-batch within {timeout_s:.0f}s")
 
 
-def _start(tmp_path):
+@pytest.fixture
+def scratch_tmp():
+    """The run's TMPDIR (its launches' temporary directories): a directory of the test's own,
+    removed after it -- not /tmp, where a killed run's would stay. Short: Unix sockets are
+    made in it."""
+    d = Path(tempfile.mkdtemp(prefix="int-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _env(scratch_tmp: Path) -> dict:
+    return {**harness_env(), "TMPDIR": str(scratch_tmp)}
+
+
+def _start(tmp_path, scratch_tmp):
     """A ``pytest --scenario stopme`` subprocess in a session of its own; (popen, reports,
     work dir)."""
     scen = tmp_path / "scen"
@@ -65,7 +83,7 @@ def _start(tmp_path):
     (scen / "stopme.yaml").write_text(SCENARIO)
     reports, work = tmp_path / "reports", tmp_path / "work"
     work.mkdir()
-    env = harness_env()
+    env = _env(scratch_tmp)
     argv = pytest_argv("--scenario", "stopme", "--scenario-dir", str(scen), "--report-dir",
                        str(reports), "--work-dir", str(work))
     # as a terminal's pytest: a shell's background job (how this suite may itself be run)
@@ -91,8 +109,8 @@ def _wait_gone(sampler, timeout_s: float) -> float:
 @pytest.mark.integration
 @pytest.mark.parametrize("who, sig", [("group", signal.SIGINT), ("pytest", signal.SIGTERM)],
                          ids=["SIGINT-to-group", "SIGTERM-to-pytest"])
-def test_signal_stops_the_run_cleanly(tmp_path, who, sig):
-    p, reports, work = _start(tmp_path)
+def test_signal_stops_the_run_cleanly(tmp_path, scratch_tmp, who, sig):
+    p, reports, work = _start(tmp_path, scratch_tmp)
     try:
         with Sampler(reports, roots=[p.pid]) as sampler:
             _mid_batch(reports)
@@ -123,6 +141,7 @@ def test_signal_stops_the_run_cleanly(tmp_path, who, sig):
     assert any("multiprocessing.spawn" in c for c in sampler.seen.values())  # the stagers
     assert sampler.survivors() == {}, "processes outlived pytest"
     assert list(work.iterdir()) == [], "the checkpoint work directory was left behind"
+    assert list(scratch_tmp.iterdir()) == [], "a launch's temporary directory was left behind"
 
     (parquet,) = (reports / "history").glob("*.parquet")
     df, meta = history.read_run(parquet)  # a valid, complete history file
@@ -138,8 +157,8 @@ def test_signal_stops_the_run_cleanly(tmp_path, who, sig):
 
 
 @pytest.mark.integration
-def test_sigkilled_pytest_takes_its_launch_down(tmp_path):
-    p, reports, work = _start(tmp_path)
+def test_sigkilled_pytest_takes_its_launch_down(tmp_path, scratch_tmp):
+    p, reports, work = _start(tmp_path, scratch_tmp)
     try:
         with Sampler(reports, roots=[p.pid]) as sampler:
             launch = _mid_batch(reports)
@@ -167,3 +186,17 @@ def test_sigkilled_pytest_takes_its_launch_down(tmp_path):
     print(f"pytest SIGKILLed: its {len(sampler.seen)} processes gone after {gone_s:.1f}s")
     assert any("multiprocessing.spawn" in c for c in sampler.seen.values())
     assert leftovers == {}
+
+    # what no clean-up code could remove: the work dir and the launch's TMPDIR, marked with
+    # the killed pytest's pid; the next run removes them and says so
+    left = sorted(work.iterdir()) + sorted(scratch_tmp.iterdir())
+    assert len(left) == 2 and all(scratch.owner(d) == p.pid for d in left), left
+    rc, out = run_all([pytest_argv("--scenario", "stopme", "--scenario-dir",
+                                   str(tmp_path / "scen"), "--report-dir", str(reports),
+                                   "--work-dir", str(work), "-k", "no_such_case")],
+                      timeout=120, cwd=tmp_path, env=_env(scratch_tmp))[0]
+    assert rc == 4, out  # nothing selected: the sweep came first
+    where = ", ".join(sorted({str(scratch_tmp.resolve()), str(work.resolve())}))
+    assert f"harness: removed 2 temporary directories left in {where} by runs that were " \
+           f"killed (pids {p.pid}; " in out, out
+    assert not any(d.exists() for d in left), left

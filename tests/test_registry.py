@@ -5,7 +5,7 @@ import yaml
 
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
-from harness.verdict import registry
+from harness.verdict import registry_file
 from harness.verdict.registry import RegistryError
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard", "fixes"}
@@ -25,7 +25,7 @@ def cases(tmp_path):
 def reg(tmp_path, text):
     p = tmp_path / "xfails.yaml"
     p.write_text(textwrap.dedent(text))
-    return registry.load(p, AXES)
+    return registry_file.load(p, AXES)
 
 
 def test_match_by_axes_globs_and_lists(tmp_path, cases):
@@ -166,19 +166,63 @@ def test_bad_entries(tmp_path, text, msg):
     p = tmp_path / "xfails.yaml"
     p.write_text(text)
     with pytest.raises(RegistryError) as e:
-        registry.load(p, AXES)
+        registry_file.load(p, AXES)
     assert msg in str(e.value) and str(p) in str(e.value)
 
 
-def test_missing_file_is_empty(tmp_path):
-    assert registry.load(tmp_path / "nope.yaml", AXES).entries == []
+def test_missing_file_is_an_error_unless_missing_ok(tmp_path):
+    # a typo in --xfail-registry must not load an empty registry (strict xfails off unnoticed)
+    with pytest.raises(RegistryError, match=r"nope.yaml: no such file"):
+        registry_file.load(tmp_path / "nope.yaml", AXES)
+    with pytest.raises(RegistryError, match=r": not a file"):
+        registry_file.load(tmp_path, AXES)
+    # the default <scenario-dir>/xfails.yaml may be absent (a scenario dir without one)
+    assert registry_file.load(tmp_path / "nope.yaml", AXES, missing_ok=True).entries == []
+
+
+def test_unreadable_file_is_an_error(tmp_path):
+    p = tmp_path / "xfails.yaml"
+    p.write_bytes(b"entries: []\n\xff\xfe")
+    with pytest.raises(RegistryError, match=r"xfails.yaml: not a text file"):
+        registry_file.load(p, AXES)
+
+
+ENTRY = "  - match: {recipe: bf16}\n    fails: {check: train}\n    reason: r\n"
+
+
+@pytest.mark.parametrize("text, msg", [
+    # safe_load kept the later key without a word: the entry matched fp32, not bf16
+    ("entries:\n  - match: {recipe: bf16}\n    match: {recipe: fp32}\n"
+     "    fails: {check: train}\n    reason: r\n",
+     "line 3: duplicate key 'match' (first at line 2); a mapping may name each key once"),
+    ("entries:\n" + ENTRY + "entries:\n" + ENTRY,
+     "line 5: duplicate key 'entries' (first at line 1)"),
+    ("entries:\n  - match: {recipe: bf16, recipe: fp32}\n    fails: {check: train}\n"
+     "    reason: r\n", "line 2: duplicate key 'recipe'"),
+    ("entries:\n" + ENTRY + ENTRY + "    why: x\n",
+     "line 8: entries[1] (entry 2): unknown field 'why'; allowed: capability, fails, link, match"),
+    ("entries:\n" + ENTRY + "entires: []\n", "line 5: unknown top-level key 'entires'"),
+    ("entries:\n" + ENTRY.replace("{check: train}", "{check: train, up_to: {max_abs: 1e-3}}"),
+     "line 3: entries[0] (entry 1).fails.up_to.max_abs: must be a number >= 0, not '1e-3' "
+     "(YAML 1.1 reads 1e-3 as text, not a number: write it with a dot and a signed exponent, "
+     "e.g. 1.0e-3)"),
+    ("entries:\n" + ENTRY.replace("bf16}", "bf16, colour: red}"),
+     "line 2: entries[0] (entry 1).match.colour: unknown coordinate"),
+])
+def test_strict_registry_one_line_with_file_and_line(tmp_path, text, msg):
+    p = tmp_path / "xfails.yaml"
+    p.write_text(text)
+    with pytest.raises(RegistryError) as e:
+        registry_file.load(p, AXES)
+    assert str(e.value).startswith(f"{p}: ") and "\n" not in str(e.value), str(e.value)
+    assert msg in str(e.value), str(e.value)
 
 
 def test_shipped_registry_loads():
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     from harness.spec import catalog
-    r = registry.load(root / "scenarios" / "xfails.yaml", AXES | set(catalog.EXTRA_AXES))
+    r = registry_file.load(root / "scenarios" / "xfails.yaml", AXES | set(catalog.EXTRA_AXES))
     for e in r.entries:
         assert e.reason and e.link, f"{e.label} needs a reason and a link"
 

@@ -6,7 +6,7 @@ import textwrap
 import pandas as pd
 
 from harness.report import rejudge
-from harness.verdict import registry
+from harness.verdict import registry_file
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
 
@@ -31,7 +31,7 @@ def test_a_bound_that_a_recorded_case_exceeds_changes_its_verdict(tmp_path):
             fails: {check: reshard, quantity: next_loss, up_to: {max_abs: 1.0e-3}}
             reason: measured <= 5e-4
         """))
-    reg = registry.load(p, AXES)
+    reg = registry_file.load(p, AXES)
     rows = pd.DataFrame(_rows("small", "xfailed", 4e-4) + _rows("large", "xfailed", 2e-3))
     cases, sizes = rejudge.rejudge(rows, reg)
     now = {c["case_id"]: c["now"] for c in cases}

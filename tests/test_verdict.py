@@ -3,7 +3,7 @@
 import textwrap
 
 from harness.verdict import judge as verdict
-from harness.verdict import registry
+from harness.verdict import registry_file
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
 
@@ -11,7 +11,7 @@ AXES = {"recipe", "mesh", "module", "dcp", "reshard"}
 def entries(tmp_path, text):
     p = tmp_path / "xfails.yaml"
     p.write_text(textwrap.dedent(text))
-    return registry.load(p, AXES).entries
+    return registry_file.load(p, AXES).entries
 
 
 def cov(unit, status, detail=""):

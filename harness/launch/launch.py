@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.launch import ending, inductor_cache, launch_dir, procs
+from harness.launch import ending, inductor_cache, launch_dir, procs, scratch
 from harness.launch.interrupt import Interrupted, deferred
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
@@ -42,8 +42,9 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
 POLL_S = 0.1
 # a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
-# $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds 22
-SOCKET_PATH_MAX, SCRATCH_DEPTH = 107, 32 + 22 + 8
+# $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds up to 31
+# (harness-L001-p<pid>-XXXXXXXX/, scratch.py)
+SOCKET_PATH_MAX, SCRATCH_DEPTH = 107, 32 + 31 + 8
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Launch:
 
     def _start(self) -> None:
         self.t_start = time.time()
-        self.tmp = tempfile.mkdtemp(prefix=f"harness-{self.name}-", dir=scratch_parent())
+        self.tmp = tempfile.mkdtemp(prefix=scratch.prefix(self.name), dir=scratch_parent())
         env = self._env()
         with open(self.d / "torchrun.log", "w") as out:
             for argv in self.argvs:

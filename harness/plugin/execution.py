@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from harness.launch import interrupt
+from harness.launch import interrupt, scratch
 from harness.launch.launcher import Launcher
 from harness.launch.scheduler import Scheduler
 from harness.plugin import options
@@ -35,7 +35,7 @@ class Execution:
     def __init__(self, run_id: str, work_dir: str | None):
         if work_dir:
             Path(work_dir).mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix=f"harness-{run_id}-",
+        self.work = Path(tempfile.mkdtemp(prefix=scratch.prefix(run_id),
                                           dir=work_dir or options.default_work_parent()))
         self.launcher: Launcher | None = None
         self.scheduler: Scheduler | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from harness.launch.scheduler import CaseResult
+from harness.plugin import disk_full
 from harness.plugin.failure_text import CaseFailed, XfailMismatch, one_line
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict_mod
@@ -47,7 +48,13 @@ class CaseItem(pytest.Item):
         return self.config.stash[STASH]
 
     def runtest(self):
-        self.result = res = self.hs.scheduler.result(self.case)
+        try:
+            self.result = res = self.hs.scheduler.result(self.case)
+        except OSError as e:  # a lane could not write its launch's files: a full disk?
+            full = disk_full.not_run(self.hs, self.case.id, e)
+            if full is None:
+                raise
+            raise full from None
         self.verdict = v = verdict_mod.judge(res.rows, res.status, res.errors, self.entries)
         if self.clean_entries is not None:
             self.vs_clean = verdict_mod.judge(res.rows, res.status, res.errors,
@@ -55,6 +62,9 @@ class CaseItem(pytest.Item):
         if v.outcome in (verdict_mod.PASSED, verdict_mod.XPASSED):
             return  # XPASSED: the strict xfail marker makes pytest fail it ("remove entry N")
         text = self.hs.failure_text(self, res)
+        full = disk_full.full_line(self.hs) if res.status != "ok" else ""
+        if full:  # ranks that could not write their logs / results die without a word
+            text = f"{self.case.id}: {full}\n{text}"
         if v.outcome == verdict_mod.XFAILED:
             raise CaseFailed(text)
         if self.entries:
@@ -62,7 +72,7 @@ class CaseItem(pytest.Item):
         raise CaseFailed(text)
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (CaseFailed, XfailMismatch)):
+        if isinstance(excinfo.value, (CaseFailed, XfailMismatch, disk_full.NotRun)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 

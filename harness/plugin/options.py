@@ -5,6 +5,7 @@ Every bad value is one line naming the option, the value and what is allowed (ra
 
     --case-timeout 0: must be a number of seconds > 0 (and <= 86400)
     --work-dir /data/ro: not writable (Read-only file system)
+    --report-dir /mnt/full: 0.0 MiB free on its filesystem; a run needs at least 64 MiB there
 
 Before this, ``--case-timeout 0`` and ``--max-world-size 0`` were silently ignored, a negative
 timeout reached torch as a socket timeout and ``--nnodes 0`` divided by zero.
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.launch import disk
 from harness.spec import catalog
 
 MAX_TIMEOUT_S = 86400.0
@@ -62,6 +64,10 @@ def validate(config) -> None:
     _positive_int(config, "world_size", "--world-size")
     _positive_int(config, "nnodes", "--nnodes", MAX_NODES)
     _positive_int(config, "launches_per_gpu", "--launches-per-gpu", 16)
+    reg = config.getoption("xfail_registry")
+    if reg is not None and not Path(reg).is_file():  # a typo must not turn the xfails off
+        _fail(f"--xfail-registry {reg}: {'not a file' if Path(reg).exists() else 'no such file'}"
+              f" (an xfail registry is a YAML file with 'entries', like scenarios/xfails.yaml)")
     # (with --nnodes 1 both are unused: a 1-node allocation of ci/slurm/ still runs)
     endpoint, launcher = config.getoption("rdzv_endpoint"), config.getoption("node_launcher")
     if endpoint is not None:
@@ -76,15 +82,36 @@ def validate(config) -> None:
                   "--ntasks-per-node=1\"")
 
 
-def check_writable(flag: str, directory: Path) -> None:
-    """Create ``directory`` if needed and write a probe file into it (what the run will do;
-    permission bits alone say nothing for root or on a read-only mount)."""
+def check_writable(flag: str, directory: Path, need: int = 0) -> None:
+    """``need`` bytes free on ``directory``'s filesystem (asked of the directory, or of the
+    ancestor it would be made in: nothing is created on a full disk), then create
+    ``directory`` if needed and write a probe file into it (what the run will do; permission
+    bits alone say nothing for root or on a read-only mount)."""
+    short = disk.shortage(directory, need) if need else ""
+    if short:
+        _fail(f"{flag} {directory}: {short}")
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as e:
+        if e.errno in disk.NO_SPACE:
+            _fail(f"{flag} {directory}: no space left on device")
         _fail(f"{flag} {directory}: not writable ({e.strerror or e})")
+
+
+def check_dirs(report_dir: Path, work_dir: str | None) -> None:
+    """Before anything starts: room and write access in the report dir (launches log there)
+    and the work dir (checkpoints; without --work-dir, room where it would be made)."""
+    check_writable("--report-dir", report_dir, disk.REPORT_MIN_FREE)
+    if work_dir:
+        check_writable("--work-dir", Path(work_dir), disk.WORK_MIN_FREE)
+        return
+    parent = default_work_parent() or tempfile.gettempdir()
+    short = disk.shortage(Path(parent), disk.WORK_MIN_FREE)
+    if short:
+        _fail(f"the work directory's parent {parent} (checkpoints; --work-dir DIR puts them "
+              f"elsewhere): {short}")
 
 
 def choose_backend(given: str | None, specs: dict, names: list[str]) -> tuple[str, str]:

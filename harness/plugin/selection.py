@@ -36,8 +36,7 @@ def resolve(names: list[str], scenario_dir: Path) -> dict[str, Path]:
         elif Path(n).suffix == ".yaml" and Path(n).is_file():
             found = {Path(n).stem: Path(n).resolve()}
         else:
-            raise ScenarioError(f"--scenario {n}: no scenarios/{n}.yaml in "
-                                f"{scenario_dir}; available: {', '.join(available) or 'none'}")
+            raise ScenarioError(_unknown(n, scenario_dir, available))
         for name, path in found.items():  # one name, one file: ids and reports key on it
             if name in out and out[name].resolve() != path.resolve():
                 raise ScenarioError(f"--scenario: two scenario files are named {name!r}: "
@@ -45,6 +44,22 @@ def resolve(names: list[str], scenario_dir: Path) -> dict[str, Path]:
                                     f"unique (rename one file and its 'name:')")
             out[name] = path
     return out
+
+
+def _unknown(n: str, scenario_dir: Path, available: dict) -> str:
+    """One line for a ``--scenario`` value that names no scenario: a name, a file or a
+    directory, each said as what it is."""
+    names = ", ".join(available) or "none"
+    p = Path(n)
+    if p.is_dir():
+        inside = ", ".join(scenario_paths(p)) or "none"
+        return (f"--scenario {n}: a directory, not a scenario; name a scenario in it with "
+                f"--scenario-dir {n} --scenario NAME (its scenarios: {inside}) or give a .yaml "
+                f"file")
+    if p.suffix in (".yaml", ".yml") or "/" in n or p.exists():
+        what = "not a scenario file (a .yaml file)" if p.exists() else "no such file"
+        return f"--scenario {n}: {what}; scenarios in {scenario_dir}: {names}"
+    return f"--scenario {n}: no scenarios/{n}.yaml in {scenario_dir}; available: {names}"
 
 
 class ScenarioSelection:
@@ -81,6 +96,22 @@ class ScenarioSelection:
             except ScenarioError:
                 continue  # a broken file elsewhere does not block this run; it fails its own
         return known | (set().union(*(s.axes for s in all_specs)) if all_specs else set())
+
+    def zero_cases(self, world_size: int | None, keyword: str, markexpr: str) -> str:
+        """Why the run selected no case, naming what dropped them: the backend (no case), the
+        world size (no case of it) or -k / -m."""
+        sel, b = " ".join(f"--scenario {n}" for n in self.names), self.backend
+        sizes = sorted({max(c.world_sizes) for cs in self.cases.values() for c in cs})
+        if not sizes:
+            return f"{sel}: no case for backend {b}: nothing would be checked"
+        if world_size and world_size not in sizes:
+            return (f"--world-size {world_size}: no case of {sel} (backend {b}) has world size "
+                    f"{world_size}; their world sizes: {', '.join(map(str, sizes))}")
+        how = " and ".join(f"{flag} {v!r}" for flag, v in (("-k", keyword), ("-m", markexpr))
+                           if v) or "selection"
+        size = f" of world size {world_size}" if world_size else ""
+        return f"{sel} selected zero cases{size} (backend {b}, after {how}): nothing would be " \
+               f"checked"
 
     def by_id(self) -> dict[str, Case]:
         return {c.id: c for cs in self.cases.values() for c in cs}

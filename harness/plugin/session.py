@@ -19,7 +19,7 @@ import pytest
 
 from harness.launch import interrupt
 from harness.launch.case_result import CaseResult
-from harness.plugin import interrupted, options
+from harness.plugin import interrupted, leftovers, options
 from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, scope_of
 from harness.plugin.failure_text import FailureFormatter
@@ -29,7 +29,7 @@ from harness.plugin.selection import ScenarioSelection, project_root
 from harness.results import write as results
 from harness.results.run_record import RunRecord
 from harness.spec.matrix import Case
-from harness.verdict import registry
+from harness.verdict import registry_file
 
 
 class HarnessSession:
@@ -55,8 +55,10 @@ class HarnessSession:
                                   config.getoption("max_world_size"),
                                   config.getoption("gpu_share"))
         self.backend, self.device = sel.backend, self.env.device
-        reg_path = Path(config.getoption("xfail_registry") or sel.scenario_dir / "xfails.yaml")
-        self.xfails = RegistryMatch(registry.load(reg_path, sel.known_axes() | {"fault"}))
+        given = config.getoption("xfail_registry")  # given: it must exist; the default may not
+        reg_path = Path(given or sel.scenario_dir / "xfails.yaml")
+        self.xfails = RegistryMatch(registry_file.load(reg_path, sel.known_axes() | {"fault"},
+                                                  missing_ok=not given))
         winput = getattr(config, "workerinput", None)
         self.worker_id = winput["workerid"] if winput else None
         self.run_id = (winput.get("harness_run_id") if winput else None) or results.new_run_id()
@@ -64,9 +66,8 @@ class HarnessSession:
         # absolute: launches run with their own working directory
         report_dir = (here / Path(rd).expanduser() if rd else root / "reports").resolve()
         if not config.getoption("collectonly") and self.worker_id is None:
-            options.check_writable("--report-dir", report_dir)  # launches log there too
-            if config.getoption("work_dir"):
-                options.check_writable("--work-dir", Path(config.getoption("work_dir")))
+            options.check_dirs(report_dir, config.getoption("work_dir"))  # room, access
+            leftovers.sweep(config, config.getoption("work_dir"))  # what killed runs left
         self.record = RunRecord(t0, report_dir, not config.getoption("no_report"),
                                 self.worker_id)
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
@@ -125,9 +126,8 @@ class HarnessSession:
         items = [i for i in session.items if isinstance(i, CaseItem)]
         self.selected_items = {i.case.id: i for i in items}
         if not items:
-            pytest.exit(f"--scenario {' '.join(self.selection.names)} selected zero cases "
-                        f"(backend {self.backend}, after -k/-m selection): nothing would be "
-                        f"checked", returncode=pytest.ExitCode.USAGE_ERROR)
+            pytest.exit(self.selection.zero_cases(*(self.config.getoption(o) for o in (
+                "world_size", "keyword", "markexpr"))), returncode=pytest.ExitCode.USAGE_ERROR)
         runnable = [i.case for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
             return

@@ -17,7 +17,7 @@ from harness.report.history import load
 from harness.spec import catalog
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict
-from harness.verdict import registry
+from harness.verdict import registry, registry_file
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (scenarios/ is beside harness/)
 
@@ -85,7 +85,7 @@ def _margin(op: str, v: float, bound: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    reg = registry.load(args.registry, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))
+    reg = registry_file.load(args.registry, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))
     import pandas as pd
     frames = []
     for d in args.history:

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness.launch import interrupt
+from harness.launch import disk, interrupt
 from harness.launch.tasks import task_wall
 from harness.results import write as results
 from harness.results.case_rows import case_rows, judged_rows
@@ -78,7 +78,10 @@ class RunRecord:
             self.written = results.write_run(self.report_dir, run_id,
                                              results.frame(rows, meta), meta)
         except OSError as e:  # the summary still prints; the exit status says it failed
-            self.report_error = f"reports NOT written to {self.report_dir}: {e}"
+            full = disk.no_space(e)
+            where = {"the report dir, --report-dir": self.report_dir}
+            self.report_error = (f"reports NOT written: {disk.where(full, where)}" if full
+                                 else f"reports NOT written to {self.report_dir}: {e}")
 
     # --- terminal ---------------------------------------------------------------------------
     def terminal_summary(self, tr, backend_note: str) -> None:

@@ -26,11 +26,28 @@ def _fail(path, where, msg):
     raise ScenarioError(f"{path}: {where}: {msg}")
 
 
+_EXPONENT = re.compile(r"^([-+]?)(\d*)(?:\.(\d*))?[eE]([-+]?)(\d+)$")
+
+
+def number_hint(v) -> str:
+    """Why YAML did not read ``v`` as the number it looks like (PyYAML follows YAML 1.1), or
+    "": ``yes`` / ``no`` are booleans; ``1e-3`` is text (a float needs a dot, an exponent a
+    sign: ``1.0e-3``)."""
+    if isinstance(v, bool):
+        return " (YAML reads yes / no / on / off as booleans)"
+    m = _EXPONENT.match(v) if isinstance(v, str) else None
+    if m is None or not (m[2] or m[3]):
+        return ""
+    sign, whole, frac, esign, exp = m.groups()
+    return (f" (YAML 1.1 reads {v} as text, not a number: write it with a dot and a signed "
+            f"exponent, e.g. {sign}{whole or 0}.{frac or 0}e{esign or '+'}{exp})")
+
+
 def _check_number(path, where, v, lo=None, hi=None, *, integer=False, above=False):
     """``v`` is an int (or a float unless ``integer``), finite, ``lo <= v <= hi`` (``lo < v``
     when ``above``). Booleans are refused: YAML reads ``yes`` as true, which is an int."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        hint = " (YAML reads yes / no / on / off as booleans)" if isinstance(v, bool) else ""
+        hint = number_hint(v)
         _fail(path, where, f"must be {'an integer' if integer else 'a number'}, got {v!r}{hint}")
     if integer and not isinstance(v, int):
         _fail(path, where, f"must be an integer, got {v!r}")

@@ -15,14 +15,14 @@ compute capability, names exactly how the cases fail, and says why and where tha
           - {check: reshard, quantity: next_loss, strict: false}   # may happen (say why)
           - {check: reshard, quantity: state, up_to: {n_diff: 100}}  # known size, measured
           - {check: reshard, quantity: next_params, beyond: {rel_l2: 0.06}}  # a bug on top
-        workaround: load_without_extra_state  # optional, see harness/workarounds.py
+        workaround: load_without_extra_state  # optional, see harness/worker/workarounds.py
         reason: FusedAdam keeps optimizer states as plain tensors
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
 
 ``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
 ``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
-(``harness/verdict.py``): an entry explains only the failures it names; any other failure of
-the case fails it, naming the entry and what is unexplained. Several entries may apply to one
+(``harness/verdict/judge.py``): an entry explains only the failures it names; any other failure
+of the case fails it, naming the entry and what is unexplained. Several entries may apply to one
 case when they name different checks, different quantities of one check, or one check with
 different messages (two that would explain the same failing row are an error). Strictness:
 every strict failure must happen as named -- a named quantity (or message) of a check that ran
@@ -49,8 +49,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.spec.matrix import Case
@@ -237,147 +236,3 @@ class Registry:
             if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number]:
                 out.append(e)
         return out
-
-
-def _spec(path, where, text) -> SpecifierSet:
-    try:
-        return SpecifierSet(str(text))
-    except InvalidSpecifier:
-        raise RegistryError(f"{path}: {where}: not a version range: {text!r} "
-                            f"(PEP 440, e.g. '>=2.0,<2.21')") from None
-
-
-def _entry_lines(text: str) -> list[int]:
-    """1-based line of each entry, from the YAML node tree."""
-    root = yaml.compose(text)
-    if root is None or not hasattr(root, "value") or not isinstance(root.value, list):
-        return []
-    for key, value in root.value:
-        if getattr(key, "value", None) == "entries" and isinstance(value.value, list):
-            return [node.start_mark.line + 1 for node in value.value]
-    return []
-
-
-def load(path: str | Path, known_axes: set[str]) -> Registry:
-    path = Path(path)
-    if not path.is_file():
-        return Registry([], path)
-    text = path.read_text()
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise RegistryError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise RegistryError(f"{path}: must be a mapping with one key, 'entries' (a list), got "
-                            f"a {type(raw).__name__}")
-    if set(raw) - {"entries"}:
-        raise RegistryError(f"{path}: unknown top-level key {sorted(set(raw) - {'entries'})[0]!r};"
-                            f" the file holds 'entries'")
-    items = raw.get("entries") or []
-    if not isinstance(items, list):
-        raise RegistryError(f"{path}: entries: must be a list")
-    lines = _entry_lines(text)
-    allowed = set(CASE_KEYS) | known_axes
-    entries = []
-    for n, item in enumerate(items, start=1):
-        where = f"entries[{n - 1}] (entry {n})"
-        if not isinstance(item, dict):
-            raise RegistryError(f"{path}: {where}: must be a mapping")
-        extra = set(item) - ENTRY_KEYS
-        if extra:
-            raise RegistryError(f"{path}: {where}: unknown field {sorted(extra)[0]!r}; allowed: "
-                                f"{', '.join(sorted(ENTRY_KEYS))}")
-        if not item.get("reason"):
-            raise RegistryError(f"{path}: {where}: every entry needs a reason")
-        match = item.get("match") or {}
-        if not isinstance(match, dict) or not match:
-            raise RegistryError(f"{path}: {where}.match: must select at least one coordinate")
-        sel = {}
-        for k, v in match.items():
-            if k not in allowed:
-                raise RegistryError(f"{path}: {where}.match.{k}: unknown coordinate; allowed: "
-                                    f"{', '.join(sorted(allowed))}")
-            sel[k] = [str(x) for x in (v if isinstance(v, list) else [v])]
-        versions = {k: _spec(path, f"{where}.versions.{k}", v)
-                    for k, v in (item.get("versions") or {}).items()}
-        cap = item.get("capability")
-        fails = _failures(path, f"{where}.fails", item.get("fails"))
-        workaround = item.get("workaround")
-        if workaround is not None:
-            _check_workaround(path, f"{where}.workaround", workaround, fails)
-        entries.append(Entry(
-            number=n, line=lines[n - 1] if n - 1 < len(lines) else 0, match=sel,
-            reason=str(item["reason"]).strip(), fails=fails, link=str(item.get("link", "")),
-            versions=versions,
-            capability=_spec(path, f"{where}.capability", cap) if cap is not None else None,
-            workaround=workaround))
-    return Registry(entries, path)
-
-
-def _failures(path, where, raw) -> tuple[Failure, ...]:
-    from harness.spec.catalog import UNITS
-    if raw is None:
-        raise RegistryError(f"{path}: {where}: every entry names how its cases fail: "
-                            f"{{check: <one of {', '.join(UNITS)}>, message: <regex>}}")
-    items = raw if isinstance(raw, list) else [raw]
-    out = []
-    for i, f in enumerate(items):
-        w = f"{where}[{i}]" if isinstance(raw, list) else where
-        if not isinstance(f, dict):
-            raise RegistryError(f"{path}: {w}: must be a mapping {{check, quantity, message}}")
-        extra = set(f) - FAILURE_KEYS
-        if extra:
-            raise RegistryError(f"{path}: {w}: unknown key {sorted(extra)[0]!r}; allowed: "
-                                f"{', '.join(sorted(FAILURE_KEYS))}")
-        check = f.get("check")
-        if check not in UNITS:
-            raise RegistryError(f"{path}: {w}.check: unknown check {check!r}; allowed: "
-                                f"{', '.join(UNITS)}")
-        msg = f.get("message")
-        if msg is not None:
-            try:
-                re.compile(str(msg))
-            except re.error as e:
-                raise RegistryError(f"{path}: {w}.message: bad regex: {e}") from None
-        q = f.get("quantity")
-        strict = f.get("strict", True)
-        if not isinstance(strict, bool):
-            raise RegistryError(f"{path}: {w}.strict: must be true or false, not {strict!r}")
-        out.append(Failure(check, None if q is None else str(q),
-                           None if msg is None else str(msg), strict,
-                           _sizes(path, f"{w}.up_to", f.get("up_to")),
-                           _sizes(path, f"{w}.beyond", f.get("beyond"))))
-    if len({(f.check, f.quantity) for f in out}) != len(out):
-        raise RegistryError(f"{path}: {where}: a check (and quantity) is named twice")
-    if not any(f.strict for f in out):
-        raise RegistryError(f"{path}: {where}: every failure is strict: false; an entry must "
-                            f"name at least one failure that must happen")
-    return tuple(out)
-
-
-def _sizes(path, where, raw) -> tuple[tuple[str, float], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or not raw:
-        raise RegistryError(f"{path}: {where}: must map a metric to a number, e.g. "
-                            f"{{max_abs: 1.0e-3}}; metrics: {', '.join(SIZE_METRICS)}")
-    out = []
-    for m, b in raw.items():
-        if m not in SIZE_METRICS:
-            raise RegistryError(f"{path}: {where}.{m}: unknown metric; allowed: "
-                                f"{', '.join(SIZE_METRICS)}")
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b < 0:
-            raise RegistryError(f"{path}: {where}.{m}: must be a number >= 0, not {b!r}")
-        out.append((m, float(b)))
-    return tuple(out)
-
-
-def _check_workaround(path, where, name, fails) -> None:
-    from harness.worker.workarounds import WORKAROUNDS
-    w = WORKAROUNDS.get(name)
-    if w is None:
-        raise RegistryError(f"{path}: {where}: unknown workaround {name!r}; known: "
-                            f"{', '.join(WORKAROUNDS)} (harness/workarounds.py)")
-    if not {f.check for f in fails} & set(w.units):
-        raise RegistryError(f"{path}: {where}: {name} stands in for {', '.join(w.units)}; the "
-                            f"entry's fails must name one of them")

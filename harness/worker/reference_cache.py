@@ -10,8 +10,11 @@ it. A change of any determinant is another key (tests/test_reference_cache.py).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
+import io
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -37,6 +40,26 @@ def key(case, backend, device, lr_scale: float) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+def store(value, path: Path) -> None:
+    """``value`` saved to ``path`` (atomic). Serialized in memory, then written as plain bytes:
+    ``torch.save`` straight to a full disk fails as ``RuntimeError('[enforce fail at
+    inline_container.cc:672] . unexpected pos 128 vs 0')``; this says ENOSPC and names the
+    directory."""
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(buf.getbuffer())
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(e.errno, f"no space left on device in {path.parent} (the work "
+                                   f"directory's FP32 reference cache)") from None
+        raise
+
+
 def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
     """The reference under key ``k``: read from ``cache_dir`` or computed by rank 0 and
     written there (atomic); collective over the exchange group."""
@@ -45,13 +68,9 @@ def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
     err = None
     if ctx.rank == 0 and not path.is_file():  # rank 0 alone decides: one broadcast per call
         try:
-            value = compute()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{id(value)}")
-            torch.save(value, tmp)
-            tmp.replace(path)
+            store(compute(), path)
         except Exception as e:  # noqa: BLE001 - every rank raises it below
-            err = repr(e)
+            err = str(e) if isinstance(e, OSError) else repr(e)
     flag = [err]
     dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
     if flag[0] is not None:

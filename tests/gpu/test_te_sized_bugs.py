@@ -16,7 +16,7 @@ from harness.plugin.registry_match import workarounds
 from harness.spec import catalog
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
-from harness.verdict import registry
+from harness.verdict import registry_file
 from harness.verdict.judge import XFAILED, judge
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def sized(tmp_path_factory):
         pytest.skip(why)
     import torch
     # the registry as the plugin applies it: DelayedScaling loads through its workaround
-    reg = registry.load(XFAILS, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))
+    reg = registry_file.load(XFAILS, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))
     env = RunEnvironment("te", "cuda", None).describe()
     entries, cases = {}, []
     for c in expand(load_scenario(SCENARIO), "te"):
