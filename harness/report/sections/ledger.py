@@ -12,6 +12,7 @@ import pandas as pd
 from harness.report.context import ReportContext, axes
 from harness.report.outcomes import case_rows
 from harness.verdict import registry as registry_mod
+from harness.verdict import registry_file
 
 KNOWN_AXES = {"recipe", "mesh", "module", "dcp", "reshard", "fixes", "fault"}
 
@@ -27,7 +28,7 @@ def _entries(ctx: ReportContext) -> tuple[list, str]:
     for a in case_rows(ctx.h.rows)["axes"].unique():
         known |= set(axes(a))
     try:
-        return registry_mod.load(path, known).entries, ""
+        return registry_file.load(path, known).entries, ""
     except registry_mod.RegistryError as e:
         return [], f"cannot read the registry: {e}"
 
