@@ -81,3 +81,24 @@ def test_a_run_mixing_shared_and_unshared_cases_records_both():
             for r in shared + own}
     assert keys == {"cuda/H200/te", "cuda/H200/te/gloo-shared-x8"}
     assert hardware_key("cpu", "", "torch", "gloo", "0") == "cpu/-/torch"  # CPU: as before
+
+
+def test_the_report_and_summary_say_how_ranks_ran(tmp_path):
+    """The report's header counts the cases that ran with ranks sharing GPUs; summary.csv has
+    the columns."""
+    import csv
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "report"))
+    from synth_history import make_case, write_run
+
+    from harness.report import history, html
+    shared = dict(make_case({"recipe": "bf16", "mesh": "dp8"}), pg_backend="gloo",
+                  ranks_per_gpu=8)
+    own = dict(make_case({"recipe": "bf16", "mesh": "dp2"}), pg_backend="nccl", ranks_per_gpu=1)
+    write_run(tmp_path, 0, [shared, own], device="cuda", gpu="NVIDIA H100", backend="te")
+    text = html.render(history.load(tmp_path / "history"))
+    assert "nccl: 1 cases; gloo, ranks sharing GPUs (up to 8 a GPU): 1 cases" in text
+    (summary,) = (tmp_path / "runs").glob("*/summary.csv")
+    rows = {r["case_id"]: r for r in csv.DictReader(summary.open())}
+    assert {(r["pg_backend"], r["ranks_per_gpu"]) for r in rows.values()} == {("gloo", "8"),
+                                                                               ("nccl", "1")}

@@ -130,8 +130,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     and producer with its coverage status (passed / failed / xfailed / not_run) plus a
     ``not_run`` column with the reasons."""
     import pandas as pd
-    cases = df[df["check"] == "case"][["case_id", "backend", "case_outcome", "case_status",
-                                       "duration_s", "xfail_entry", "skip_reason"]]
+    cols = ["case_id", "backend", "case_outcome", "case_status", "duration_s", "xfail_entry",
+            "skip_reason"] + [c for c in ("pg_backend", "ranks_per_gpu") if c in df]
+    cases = df[df["check"] == "case"][cols]
     bad = df[(df["check"] != "case") & df["row_outcome"].isin(["fail", "error"])]
     failed: dict[str, set] = {}
     for cid, check, qty in zip(bad["case_id"], bad["check"], bad["quantity"]):

@@ -16,6 +16,22 @@ def problems(ctx: ReportContext) -> list[dict]:
     return [{"path": str(p), "why": why} for p, why in ctx.h.problems]
 
 
+def process_groups(cases) -> str:
+    """How the run's cases ran their ranks: "nccl: 160 cases; gloo, ranks sharing GPUs (up to
+    8 a GPU): 215 cases" (older histories, which do not say: "")."""
+    if "pg_backend" not in cases or not cases["pg_backend"].astype(bool).any():
+        return ""
+    ran = cases[cases["case_outcome"] != "skipped"]
+    shared = ran[(ran["device"] == "cuda") & (ran["pg_backend"] == "gloo")]
+    parts = [f"{b}: {n} cases" for b, n in Counter(ran["pg_backend"]).items()
+             if b and not (b == "gloo" and len(shared))]
+    if len(shared):
+        most = max(int(x) for x in shared["ranks_per_gpu"] if str(x).isdigit()) \
+            if any(str(x).isdigit() for x in shared["ranks_per_gpu"]) else "?"
+        parts.append(f"gloo, ranks sharing GPUs (up to {most} a GPU): {len(shared)} cases")
+    return "; ".join(parts)
+
+
 def header(ctx: ReportContext) -> dict:
     """The latest run: its metadata, outcome counts and a one-word verdict."""
     h = ctx.h
@@ -36,6 +52,7 @@ def header(ctx: ReportContext) -> dict:
         "device": r["device"] or "?",
         "gpu": gpu,
         "backend": r["backend"] or "?",
+        "process_groups": process_groups(cases),
         "host": r["hostname"] or "?",
         "wall_s": r["wall_s"],
         "overhead_s": r["launch_overhead_s"],
