@@ -98,6 +98,7 @@ def test_the_report_and_summary_say_how_ranks_ran(tmp_path):
     write_run(tmp_path, 0, [shared, own], device="cuda", gpu="NVIDIA H100", backend="te")
     text = html.render(history.load(tmp_path / "history"))
     assert "nccl: 1 cases; gloo, ranks sharing GPUs (up to 8 a GPU): 1 cases" in text
+    assert "cuda · NVIDIA H100 · gloo, ranks sharing GPUs, 8 a GPU" in text  # its own group
     (summary,) = (tmp_path / "runs").glob("*/summary.csv")
     rows = {r["case_id"]: r for r in csv.DictReader(summary.open())}
     assert {(r["pg_backend"], r["ranks_per_gpu"]) for r in rows.values()} == {("gloo", "8"),

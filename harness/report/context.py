@@ -42,8 +42,10 @@ class Group:
 
     @property
     def label(self) -> str:
-        device, gpu, _ = (self.hw.split("/") + ["", "", ""])[:3]
+        device, gpu, _, shared = (self.hw.split("/") + ["", "", "", ""])[:4]
         where = device + (f" · {gpu}" if gpu and gpu != "-" else "")
+        if shared:  # ranks sharing GPUs over gloo (history.hardware_key): never pooled
+            where += f" · {shared.replace('gloo-shared-x', 'gloo, ranks sharing GPUs, ')} a GPU"
         return f"{self.scenario} · {self.backend} · {where}"
 
 
