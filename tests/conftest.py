@@ -26,3 +26,17 @@ def write_yaml(tmp_path):
         p.write_text(text)
         return p
     return _write
+
+
+@pytest.fixture
+def fake_world():
+    """``init(world)``: this process as rank 0 of a ``world``-rank process group over torch's
+    fake backend (no peers: collectives return at once), destroyed after the test."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def init(world):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,25 +1,13 @@
 """Placements the worker's parallelization produces, checked in one process with the fake
 process group (no launch): FSDP2 x TP must give _StridedShard, HSDP (Replicate, Shard(0))."""
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from harness.distributed import modules, parallel
 from harness.spec.mesh import parse_mesh
 from harness.spec.scenario import ModelDims
-
-
-@pytest.fixture
-def fake_world():
-    def init(world):
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    yield init
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def placements(mesh_name, module="LayerNormMLP", recipe="fp32"):

@@ -7,14 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from harness.backends import te_tp
 from harness.backends.te_tp import (
@@ -27,15 +25,6 @@ from harness.backends.te_tp import (
 from harness.backends.te_tp.placements import module_placements, placement, table
 
 H, FFN, TP = 8, 16, 2
-
-
-@pytest.fixture
-def fake_world():
-    def init(world):
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    yield init
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 from torch.distributed.tensor import DTensor
 
+from harness.backends.te_tp import set_attr
+
 
 def _classes():
     from transformer_engine.pytorch.quantized_tensor import QuantizedTensor
@@ -29,16 +31,6 @@ def _classes():
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Tensor
     from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Tensor
     return QuantizedTensor, (Float8Tensor, Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor)
-
-
-def _set(obj, name, value, undo: list) -> None:
-    """Set ``obj.name`` (a class attribute), remembering how to restore it."""
-    if name in obj.__dict__:
-        old = obj.__dict__[name]
-        undo.append(lambda: setattr(obj, name, old))
-    else:
-        undo.append(lambda: delattr(obj, name))
-    setattr(obj, name, value)
 
 
 def _del(obj, name, undo: list) -> None:
@@ -68,7 +60,7 @@ def no_empty_untyped_storage() -> Callable[[], None]:
     wrapper subclass's invalid storage, whose ``data_ptr()`` FSDP2 calls)."""
     qt, _ = _classes()
     undo: list = []
-    _set(qt, "untyped_storage", torch.Tensor.untyped_storage, undo)
+    set_attr(qt, "untyped_storage", torch.Tensor.untyped_storage, undo)
     return _undo_all(undo)
 
 
@@ -86,7 +78,7 @@ def no_to_copy_keeps_subclass() -> Callable[[], None]:
             if func in (aten._to_copy.default, aten.new_empty.default):
                 return func(args[0].dequantize(), *args[1:], **(kwargs or {}))
             return _orig(klass, func, types, args, kwargs)
-        _set(cls, "__torch_dispatch__", classmethod(dispatch), undo)
+        set_attr(cls, "__torch_dispatch__", classmethod(dispatch), undo)
     return _undo_all(undo)
 
 
@@ -105,7 +97,7 @@ def no_weights_only_pickle() -> Callable[[], None]:
         def reduce_ex(self, protocol, _orig=original, _n=n_args):
             _, args = _orig(self, protocol)
             return type(self)._make_in_reduce_ex, tuple(args[:_n])
-        _set(cls, "__reduce_ex__", reduce_ex, undo)
+        set_attr(cls, "__reduce_ex__", reduce_ex, undo)
     return _undo_all(undo)
 
 
@@ -126,7 +118,7 @@ def no_optimizer_dtensor_state() -> Callable[[], None]:
                 if isinstance(v, DTensor):
                     st[k] = v._local_tensor
         return sd
-    _set(FusedAdam, "state_dict", state_dict, undo)
+    set_attr(FusedAdam, "state_dict", state_dict, undo)
 
     def step(self, *args, **kwargs):
         for group in self.param_groups:
@@ -144,7 +136,7 @@ def no_optimizer_dtensor_state() -> Callable[[], None]:
                 for k, v in list(st.items()):
                     if isinstance(v, DTensor):
                         st[k] = v._local_tensor
-    _set(FusedAdam, "step", step, undo)
+    set_attr(FusedAdam, "step", step, undo)
     return _undo_all(undo)
 
 
