@@ -8,7 +8,6 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from harness.launch import interrupt, scratch
 from harness.launch.launcher import Launcher
@@ -44,40 +43,29 @@ class Execution:
     @classmethod
     def for_run(cls, hs) -> "Execution":
         """The work dir and launcher of a HarnessSession ``hs`` (its options, environment and
-        run record)."""
+        run record, which gets each launch's record). On cuda each GPU slice takes
+        ``--launches-per-gpu`` (default ``LAUNCHES_PER_GPU``) launches at once."""
         ex = cls(hs.run_id, hs.config.getoption("work_dir"))
+        opt = hs.config.getoption
         launches = hs.record.report_dir / "runs" / hs.run_id / "launches"
-        ex.make_launcher(
-            launches_dir=launches / hs.worker_id if hs.worker_id else launches,
-            backend=hs.backend, device=hs.device, gpus=hs.env.visible_gpus(),
-            on_launch=hs.record.on_launch,
-            **{k: hs.config.getoption(k) for k in ("nnodes", "rdzv_endpoint", "node_launcher",
-                                                   "launches_per_gpu", "gpu_share")})
+        launches = launches / hs.worker_id if hs.worker_id else launches
+        ex.launcher = Launcher(
+            launches, hs.backend, hs.device, gpus=hs.env.visible_gpus(), nnodes=opt("nnodes"),
+            rdzv_endpoint=opt("rdzv_endpoint"),
+            node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
+            launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
+            gpu_share=opt("gpu_share"))
+        ex.launcher.on_record.append(hs.record.on_launch)
+        ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex
 
-    def make_launcher(self, *, launches_dir: Path, backend: str, device: str, gpus: list[str],
-                      nnodes: int, rdzv_endpoint: str | None, node_launcher: str | None,
-                      on_launch: Callable, launches_per_gpu: int | None = None,
-                      gpu_share: str = "auto") -> Launcher:
-        """The launcher (once); ``on_launch`` gets each launch's record. On cuda each GPU
-        slice takes ``launches_per_gpu`` (None: ``LAUNCHES_PER_GPU``) launches at once."""
-        if self.launcher is None:
-            self.launcher = Launcher(
-                launches_dir, backend, device, gpus=gpus, nnodes=nnodes,
-                rdzv_endpoint=rdzv_endpoint,
-                node_launcher=shlex.split(node_launcher) if node_launcher else None,
-                launches_per_gpu=launches_per_gpu or LAUNCHES_PER_GPU, gpu_share=gpu_share)
-            self.launcher.on_record.append(on_launch)
-            self.stacks = interrupt.stacks_on_sigusr1(Path(launches_dir) / "pytest-stacks.txt")
-        return self.launcher
-
-    def start(self, cases: list[Case], *, per_scope: bool, device: str) -> None:
+    def start(self, cases: list[Case], *, per_scope: bool) -> None:
         """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope
         per world size (xdist workers), else one for all. On a small CPU box one launch runs at
         a time (overlapping launches would only fight over the cores). The lanes start at once."""
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
-                                   concurrency=None if device == "cuda"
+                                   concurrency=None if self.launcher.device == "cuda"
                                    else max(1, (os.cpu_count() or 1) // 4))
         self.launcher.expect(cases)
         self.scheduler.begin()

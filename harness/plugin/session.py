@@ -132,7 +132,7 @@ class HarnessSession:
         if self.config.getoption("collectonly") or not runnable:
             return
         self.execution = Execution.for_run(self)
-        self.execution.start(runnable, per_scope=self.worker_id is not None, device=self.device)
+        self.execution.start(runnable, per_scope=self.worker_id is not None)
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
 
