@@ -103,3 +103,16 @@ def test_an_export_that_is_not_what_the_model_computes_with_fails(exported, reci
     assert row["value"] > 1000 and "weights are no rounding of the exported value" in row["detail"]
     rel = next(r for r in res.rows if r["quantity"] == "vs_quantized" and r["metric"] == "rel_l2")
     assert rel["value"] <= export.WEIGHT_ROUNDING[recipe] and not math.isnan(rel["value"])
+
+
+def test_the_midpoint_slack_is_small():
+    """The bound's slack for values on a rounding midpoint (2^-16 relative) still fails a
+    weight 2^-12 (relative to the bound) beyond half a step."""
+    x = torch.full((4,), 0.0171646681, dtype=torch.float64)
+    rel = export.ROUNDING["delayed"][0]
+    half = rel / (1 + rel) * x
+    for beyond, n in ((2.0**-18, 0), (2.0**-12, 1)):
+        q = x.clone()
+        q[0] -= half[0] * (1 + beyond)
+        q[1:] -= half[1:] * 0.5
+        assert export.beyond_rounding({"w": x}, {"w": q}, export.ROUNDING["delayed"])[0] == n

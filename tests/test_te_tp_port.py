@@ -3,6 +3,7 @@ GPU: the placement rules, the port applied to stand-ins with TE's parameter name
 ``parallel_mode`` / ``tp_size`` attributes on a fake world (alone and under FSDP2), and each
 piece's switch. TE's own classes are exercised on GPU (scenarios fsdp2_tp_dcp, te_mutations)."""
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -218,6 +219,10 @@ def test_native_set_device_mesh_is_used_where_te_has_it(tp_mesh):
 
 # --- (c) - (e) on stand-ins of TE's tensor classes and quantizers ------------------------------
 class FakeQuantized:
+    def fsdp_pre_all_gather(self, mesh, orig_size, contiguous_orig_stride, module, mp_policy):
+        self.amax_reduction_group = mesh  # TE 2.20.2: FSDP2's mesh group, per tensor
+        return (), None
+
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
         return out, outputs
 
@@ -354,10 +359,38 @@ def test_te_backend_builds_tp_modules_through_the_port(fake_world, monkeypatch):
     assert m(torch.randn(2, H)).shape == (2, H)  # the column-parallel output gathered over TP
     monkeypatch.setattr(te_backend, "_import", lambda: (te, "2.20.2", None))
     backend = te_backend.TEBackend()
-    # not yet verified on TE: TP cases skip unless the port is asked for
-    assert "HARNESS_TE_TP_PORT=1" in backend.skip_reason(case, "cuda")
-    monkeypatch.setenv("HARNESS_TE_TP_PORT", "1")
     assert backend.skip_reason(case, "cuda") is None  # TP cases run (through the port)
     assert backend.versions() == {"te": "2.20.2", "te_tp": te_tp.BUNDLED}
     assert te_tp.BUNDLED in backend.case_notes(case)["te_tp"]
     assert backend.case_notes(SimpleNamespace(mesh=parse_mesh("dp2"), target=None)) == {}
+
+
+@pytest.mark.parametrize("piece_on", [True, False])
+def test_amax_group_outlives_tes_per_tensor_override(tp_mesh, piece_on):
+    """TE's fsdp_pre_all_gather sets the shard's tensor-level group to FSDP2's mesh group at
+    every all-gather; the port's wrapper puts the weight group back (it is what quantize_
+    reduces over when FusedAdam writes the master weights back)."""
+    m = QuantizedLinear()
+    weights = "shard x tp group"
+    port.set_device_mesh(m, tp_mesh, weight_mesh=weights)
+    m.reset_parameters()
+    unit = torch.nn.Sequential(m)  # the FSDP2 unit holding the configured TE module
+    shard = FakeQuantized()
+    undo = (lambda: None) if piece_on else te_tp.switch_off("amax_group")
+    try:
+        with port.class_patches(([FakeQuantized], [FakeBlockwise])):
+            shard.fsdp_pre_all_gather("FSDP2's mesh group", None, None, unit, None)
+    finally:
+        undo()
+    assert shard.amax_reduction_group == (weights if piece_on else "FSDP2's mesh group")
+    other = FakeQuantized()  # a unit with no module the port configured
+    with port.class_patches(([FakeQuantized], [FakeBlockwise])):
+        other.fsdp_pre_all_gather("FSDP2's mesh group", None, None, torch.nn.Linear(2, 2), None)
+    assert other.amax_reduction_group == "FSDP2's mesh group"
+    assert "fsdp_pre_all_gather" in FakeQuantized.__dict__  # the class's own, restored
+    assert not getattr(FakeQuantized.fsdp_pre_all_gather, amax_group._MARK, False)
+    # FSDP2 accepts only the hook's exact signature (torch checks the parameter names)
+    with port.class_patches(([FakeQuantized], [FakeBlockwise])):
+        params = list(inspect.signature(FakeQuantized.fsdp_pre_all_gather).parameters)
+    assert params == ["self", "mesh", "orig_size", "contiguous_orig_stride", "module",
+                      "mp_policy"]

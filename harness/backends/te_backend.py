@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from harness.backends.te_tp import BUNDLED, PORT_VAR, port_enabled
+from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
 from harness.spec import catalog
@@ -82,7 +82,7 @@ class TEBackend(TorchBackend):
             ok, reason = getattr(te, AVAILABLE[case.recipe])(return_reason=True)
             if not ok:
                 return f"{RECIPE_CLASS[case.recipe]} not available on this GPU (TE: {reason})"
-        return _tp_skip_reason(case, te, version) or self.layout_skip_reason(case)
+        return self.layout_skip_reason(case)
 
     @staticmethod
     def layout_skip_reason(case) -> str | None:
@@ -213,15 +213,6 @@ class TEBackend(TorchBackend):
     def checks(self, case) -> dict:
         from harness.checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
-
-
-def _tp_skip_reason(case, te, version) -> str | None:
-    """FSDP2 x TP without TE's own set_device_mesh: skip unless the bundled port is asked for."""
-    if _tp(case) > 1 and _tp_support(te) == BUNDLED and not port_enabled():
-        return (f"TE {version} has no set_device_mesh (TE PR #2713, unmerged); the bundled "
-                f"port (harness/backends/te_tp) is not yet verified on TE -- set "
-                f"{PORT_VAR}=1 to run it")
-    return None
 
 
 def _tp(case) -> int:

@@ -10,7 +10,8 @@ layers are quantized. The head's ``weight`` is the embedding's parameter object.
 
 TE's ``reset_parameters`` re-registers the head's weight as a new parameter (module_setattr):
 the backend re-ties it after (``parallel.retie``). With a TP mesh: DTensor TP on the embedding
-(``RowwiseParallel``: vocabulary rows ``Shard(0)``), TE TP in the layers (``set_parallel_mode``
+(vocabulary rows ``Shard(0)``, as ``RowwiseParallel``; the lookup summed over TP with c10d,
+distributed/tp_output.py), TE TP in the layers (``set_parallel_mode``
 + PR #2713's ``set_device_mesh``: TE's own, or the bundled port, backends/te_tp) and on the head
 (``parallel_mode="column"`` over the vocabulary: its local weight is the embedding's local
 ``Shard(0)`` rows, so no ``set_device_mesh`` for the head, as the PR says), the head's
@@ -48,12 +49,11 @@ class TELlamaStack(nn.Module):
             self.lm_head = te.Linear(d.hidden, d.vocab, bias=False,
                                      **({"parallel_mode": "column", **tp} if tp else {}), **common)
         if tp_mesh is not None:
-            from torch.distributed.tensor import Replicate
-            from torch.distributed.tensor.parallel import (
-                RowwiseParallel,
-                parallelize_module,
-            )
-            parallelize_module(self.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+            from torch.distributed.tensor import Shard, distribute_tensor
+            # the vocabulary rows sharded as RowwiseParallel shards them; forward looks up
+            # through tp_output (c10d, not RowwiseParallel's functional all-reduce)
+            self.embed.weight = nn.Parameter(distribute_tensor(
+                self.embed.weight.data, tp_mesh, [Shard(0)]))
             from harness.backends.te_tp.port import localize, set_device_mesh
             for layer in self.layers:
                 set_device_mesh(layer, tp_mesh, weight_mesh)
@@ -61,16 +61,19 @@ class TELlamaStack(nn.Module):
         self.lm_head.weight = self.embed.weight  # tied (a DTensor Shard(0) with TP)
 
     def forward(self, ids):
-        h = self.embed(ids)
+        if self.tp_mesh is None:
+            h = self.embed(ids)
+        else:
+            from harness.distributed.tp_output import vocab_sharded_embedding
+            h = vocab_sharded_embedding(ids, self.embed.weight, self.tp_mesh.get_group())
         for layer in self.layers:
             h = layer(h)
         with self._autocast(enabled=False):  # the head (and final norm) stay high precision
             logits = self.lm_head(self.norm(h))
         if self.tp_mesh is None:
             return logits
-        from torch.distributed.tensor import DTensor, Shard
-        return DTensor.from_local(logits, self.tp_mesh, [Shard(logits.dim() - 1)],
-                                  run_check=False).full_tensor()
+        from harness.distributed.tp_output import gather_last_dim
+        return gather_last_dim(logits, self.tp_mesh.get_group())
 
     def fsdp_units(self):
         return list(self.layers)

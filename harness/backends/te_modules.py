@@ -11,7 +11,8 @@ single-process FP32 reference returns.
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor, Shard
+
+from harness.distributed.tp_output import gather_last_dim
 
 
 def make(te, case, backend_name: str, device: str, mesh=None, mesh_spec=None,
@@ -67,5 +68,4 @@ def make(te, case, backend_name: str, device: str, mesh=None, mesh_spec=None,
 def gather_output(module, args, out):
     """A column-parallel module's output, gathered over TP along its last dim (autograd:
     the backward hands each rank its slice of the gradient)."""
-    mesh = module._te_tp_output_mesh
-    return DTensor.from_local(out, mesh, [Shard(out.dim() - 1)], run_check=False).full_tensor()
+    return gather_last_dim(out, module._te_tp_output_mesh.get_group())

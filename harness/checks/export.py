@@ -83,7 +83,11 @@ def beyond_rounding(exported: dict, quantized: dict, rounding) -> tuple[int, str
         err = (e - d).abs()
         bound = torch.maximum(rel / (1 + rel) * e.abs(), floor * _block_amax(e, block))
         saturated = (d.abs() == _block_amax(d, block)) & (e.abs() >= d.abs()) & (e * d >= 0)
-        over = (~(err <= bound * (1 + 2.0**-20)) & ~saturated).flatten()  # NaN: over
+        # slack 2^-16 (relative) for a value on a rounding midpoint: TE's fused FP8 Adam
+        # kernel casts DelayedScaling weights in its own fp32 arithmetic, not from the stored
+        # master weight (measured: one element of 524288 went the other way, 1.4e-6 beyond the
+        # bound; one H200, 2026-11-25). A stale or mis-scaled weight is >= 2^-8 off.
+        over = (~(err <= bound * (1 + 2.0**-16)) & ~saturated).flatten()  # NaN: over
         k = int(over.sum())
         if k and not first:
             i = int(over.nonzero()[0])

@@ -9,7 +9,9 @@ quantized_allgather_parity
     out like the parameter, per-tensor scales agreed by every shard, block scales by rows), and
     whose dequantized values equal the gather of each shard's dequantized values. Buffers whose
     layout does not follow the rows of the shard (transposes, columnwise copies) are compared
-    through the dequantized values only; the detail names them.
+    through the dequantized values only; the detail names them. ``shards_share_scale``: every
+    shard (FSDP and TP pieces) holds the same per-tensor scale. With TP the unshard is the TP
+    rank's piece; both sides are then assembled to the whole parameter.
 weights_only_load
     the quantized shards survive ``torch.save`` -> ``torch.load(weights_only=True)`` with
     identical raw buffers (every one ``get_metadata()`` holds) and values. TE does not pickle
@@ -41,8 +43,8 @@ def quantized_allgather_parity(run, rec) -> None:
     if not params:
         return
     manual = {n: full(p) for n, p in params}  # each shard dequantized with its own scale
-    shard_raw = _gather_shard_buffers(params)
-    gathered, bad, raw_got, raw_want, skipped = {}, [], {}, {}, []
+    shard_raw, scalars = _gather_buffers(params)
+    gathered, bad, unsharded_now = {}, [], []
     with wire.recording() as moved, unsharded(run.model) as params_now:
         for n, _ in params:
             u = params_now[n]
@@ -51,12 +53,23 @@ def quantized_allgather_parity(run, rec) -> None:
                            f"gathered dequantized values")
                 continue
             gathered[n] = full(u)
-            for k, v in raw_buffers(_local(u)).items():
-                if f"{n}#{k}" in shard_raw:
-                    raw_got[f"{n}#{k}"], raw_want[f"{n}#{k}"] = v, shard_raw[f"{n}#{k}"]
-                else:
-                    skipped.append(f"{n}#{k}")
+            unsharded_now.append((n, u))
+        # with TP the unshard is the TP rank's piece (a DTensor over the TP mesh): its buffers
+        # are assembled the same way, so both sides are whole tensors
+        got_raw, _ = _gather_buffers(unsharded_now)
+        got_keys = _all_buffer_keys(unsharded_now)  # while the unsharded storage lives
+    # every buffer the shards have must come out of the unshard (a missing one is a difference)
+    raw_want = {k: v for k, v in shard_raw.items() if k.split("#", 1)[0] in gathered}
+    raw_got = {k: v for k, v in got_raw.items() if k in raw_want}
+    skipped = sorted(set(got_keys) - set(raw_got))
     record_wire(rec, moved, [n for n, _ in params], run.case.recipe)
+    # a per-tensor scale must come from the whole weight's amax: every shard -- FSDP and TP
+    # pieces alike -- holds the same one (with TP the unshard is still a piece, so comparing
+    # it with the shards would not see TP pieces that each scale for themselves)
+    split = {k: shard_raw[k] for k in scalars if shard_raw[k].numel() > 1}
+    rec.flag("quantized_allgather_parity", "shards_share_scale", not split,
+             "; ".join(f"{k}: {v.flatten().tolist()} (by rank)" for k, v in
+                       list(split.items())[:4]) or f"{len(scalars)} per-tensor values agree")
     rec.flag("quantized_allgather_parity", "quantized_unshard", not bad,
              "; ".join(bad) or "every unsharded weight is quantized")
     if gathered:
@@ -70,27 +83,50 @@ def quantized_allgather_parity(run, rec) -> None:
                      + ", ".join(skipped[:8]))
 
 
-def _gather_shard_buffers(params) -> dict:
-    """Every shard's raw buffers assembled like the parameter: buffers with one row per row of
-    the shard (rowwise data) or one per block of rows (block scales) to full size, per-tensor
-    scalars as one value when every shard agrees (else one per rank, which then differs from
-    the gathered tensor's single value). Collective (one object all-gather)."""
+def _gather_buffers(params) -> dict:
+    """Every (sharded or unsharded) parameter's raw buffers assembled like the whole parameter:
+    buffers laid out like the piece (rowwise data) or one per block of rows (block scales) to
+    full size, per-tensor scalars as one value when every piece agrees (else one per rank,
+    which then differs from the whole tensor's single value). Buffers that cannot be placed
+    (transposes, columnwise copies, block scales across a sharded column dim) are left out.
+    A plain tensor is already whole. Returns the buffers and the keys of per-tensor scalars.
+    Collective (one object all-gather)."""
     from harness.distributed.gather import Gather
-    g = Gather()
+    g, out, scalars = Gather(), {}, []
     for n, p in params:
         local = _local(p)
-        if not isinstance(p, DTensor) or not local.shape or not local.shape[0]:
-            continue
-        rows_full, rows_local = p.shape[0], local.shape[0]
         for k, v in raw_buffers(local).items():
-            if v.numel() == 1:
+            if not isinstance(p, DTensor):
+                out[f"{n}#{k}"] = v
+            elif v.numel() == 1:
                 g.add_scalar(f"{n}#{k}", v)
-            elif v.dim() and v.shape[0] and rows_full % rows_local == 0 and (
-                    v.shape[0] == rows_local or rows_local % v.shape[0] == 0) \
-                    and "transpose" not in k and "columnwise" not in k:
-                full_rows = v.shape[0] * rows_full // rows_local
-                g.add(f"{n}#{k}", p, v, (full_rows, *v.shape[1:]))
-    return g.run()
+                scalars.append(f"{n}#{k}")
+            elif (shape := _whole_shape(k, v, local, p)) is not None:
+                g.add(f"{n}#{k}", p, v, shape)
+    out.update(g.run())
+    return out, scalars
+
+
+def _all_buffer_keys(params):
+    return [f"{n}#{k}" for n, p in params for k in raw_buffers(_local(p))]
+
+
+def _whole_shape(key: str, v, local, p):
+    """The shape ``v`` (a buffer of ``p``'s local piece) has for the whole ``p``, or None.
+    Along a sharded dim the buffer must follow the piece: the same length (rowwise data), or
+    along dim 0 one entry per block of rows (block scales); unsharded dims keep their length."""
+    if "transpose" in key or "columnwise" in key or v.dim() != local.dim() or not local.shape:
+        return None
+    sharded = {pl.dim for pl in p.placements if pl.is_shard()}
+    shape = []
+    for i, (n, part, whole) in enumerate(zip(v.shape, local.shape, p.shape)):
+        if i not in sharded:
+            shape.append(n)
+        elif n and part and whole % part == 0 and (n == part or (i == 0 and part % n == 0)):
+            shape.append(n * whole // part)
+        else:
+            return None
+    return tuple(shape)
 
 
 def weights_only_load(run, rec) -> None:

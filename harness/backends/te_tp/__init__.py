@@ -26,18 +26,6 @@ from typing import Callable
 
 NATIVE = "native"
 BUNDLED = "bundled port of #2713"
-# The port runs only when asked for: its first run on TE 2.20.2 (one H100, ranks sharing the
-# GPU over gloo, 2026-11-25; -k "dp2xtp2 and (bf16 or current) and (Linear or LayerNormMLP)
-# and sync-none") gave 1 passed (bf16 LayerNormMLP), 4 launches whose ranks died of SIGSEGV in
-# train (Linear, LayerNormLinear) and an error in current LayerNormMLP's
-# quantized_allgather_parity. Until it is fixed, TP cases skip unless HARNESS_TE_TP_PORT=1.
-PORT_VAR = "HARNESS_TE_TP_PORT"
-
-
-def port_enabled() -> bool:
-    import os
-    return os.environ.get(PORT_VAR) == "1"
-
 PIECES = {
     "dtensor_params": "TP-local parameters become DTensors on the TP mesh (column Shard(0), row "
                       "Shard(1), norms and row biases Replicate); forward computes with their "

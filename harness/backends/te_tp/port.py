@@ -87,13 +87,14 @@ def _check_tp(m: nn.Module, cls: str, tp_mesh) -> None:
 
 @contextlib.contextmanager
 def class_patches(classes=None):
-    """Pieces (c) and (d) on TE's quantized tensor classes for the block's duration (each
-    consults its switch when called). ``classes``: (all-gather classes, block classes), for
+    """Pieces (c), (d) and (e)'s pre-all-gather part on TE's quantized tensor classes for the
+    block's duration (each consults its switch when called). ``classes``: (all-gather classes, block classes), for
     tests; default TE's. A class TE moved raises :class:`PortError` naming the piece."""
     gather, blocks = classes if classes is not None else (None, None)
     undo = [allgather_out.install(gather)]
     try:
         undo.append(block_storage.install(blocks))
+        undo.append(amax_group.install(None if classes is None else gather))
         yield
     finally:
         for fn in reversed(undo):

@@ -1,0 +1,65 @@
+"""A column-parallel output made whole: the TP shards of the last dim gathered with c10d.
+
+``gather_last_dim(t, group)`` is what ``DTensor.from_local(t, tp_mesh, [Shard(-1)]).full_tensor()``
+computes, forward and backward (the backward hands each rank its slice of the gradient, as
+DTensor's Replicate -> Shard does), but through ``dist.all_gather`` on the group rather than
+the functional collectives: over a gloo group on CUDA tensors -- ranks sharing a GPU -- the
+functional all_gather_tensor segfaulted inside AsyncCollectiveTensor (measured on 1x H100,
+torch 2.11, TE 2.20.2: 4 of 4 dp2xtp2 Linear / LayerNormLinear cases), where c10d works. The
+collective is bounded by the process group's timeout like every other.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class _GatherLastDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        n, r = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        return grad.chunk(n, dim=-1)[r].contiguous(), None
+
+
+def gather_last_dim(t: torch.Tensor, group) -> torch.Tensor:
+    """``t``'s TP shards (equal sizes along the last dim) concatenated in rank order."""
+    return _GatherLastDim.apply(t, group)
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """Forward: the sum of every rank's ``x``; backward: the gradient as it is (every rank
+    computes the same loss from the same replicated sum)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def vocab_sharded_embedding(ids: torch.Tensor, weight, group) -> torch.Tensor:
+    """``F.embedding(ids, whole weight)`` from a weight whose vocabulary rows are sharded over
+    ``group`` (a DTensor ``Shard(0)``, as ``RowwiseParallel`` leaves an ``nn.Embedding``): each
+    rank looks up the ids its rows hold, zero elsewhere, and the pieces are summed with c10d
+    (``RowwiseParallel``'s own output step is a functional all-reduce; see above)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    local = weight.to_local() if isinstance(weight, DTensor) else weight
+    (rows, _), (start, _) = compute_local_shape_and_global_offset(
+        weight.shape, weight.device_mesh, weight.placements)
+    outside = (ids < start) | (ids >= start + rows)
+    h = torch.nn.functional.embedding((ids - start).masked_fill(outside, 0), local)
+    return _SumOverGroup.apply(h.masked_fill(outside.unsqueeze(-1), 0.0), group)
