@@ -11,8 +11,8 @@ from harness.checks.base import Check, on_trained
 def core() -> list[Check]:
     """In the order the runner considers them: tied_weights before the checks that step the
     loaded / resharded run."""
-    from harness.checks import export, parity, reshard, roundtrip, tied
-    return [parity.CHECK, export.CHECK, tied.TRAIN, roundtrip.ASYNC_EQUIVALENCE,
+    from harness.checks import export, invariance, parity, reshard, roundtrip, tied
+    return [parity.CHECK, invariance.CHECK, export.CHECK, tied.TRAIN, roundtrip.ASYNC_EQUIVALENCE,
             roundtrip.DCP_ROUNDTRIP, tied.RESHARD, reshard.CHECK]
 
 

@@ -53,9 +53,13 @@ def after_build(case, run) -> None:
     """Sized bug ``wrong_scale``: the first weight of the run under test reads twice its value
     -- a quantized weight's scale_inv doubled (re-quantized at 2x), a plain weight doubled.
     Sized bug ``frozen_weights``: the optimizer skips every weight matrix (their gradients are
-    dropped right before each step, after the first step's were captured)."""
+    dropped right before each step, after the first step's were captured).
+    Sized bug ``grads_bf16``, distributed-only: the reduced gradients are rounded to bf16 before
+    each step (what a gradient reduction in bf16 does to a policy's fp32 gradients)."""
     if fault_of(case) == "frozen_weights":
         _freeze_weights(run.optim)
+    if fault_of(case) == "grads_bf16":
+        _round_grads(run.optim, torch.bfloat16)
     if fault_of(case) != "wrong_scale":
         return
     for _, p in run.model.named_parameters():
@@ -78,6 +82,8 @@ def after_load(case, run, rank: int) -> None:
         _untie(model)
     if fault_of(case) == "drop_exp_avg":
         _zero_exp_avg(run.optim)
+    if fault_of(case) == "grads_bf16":  # the loaded run has the same distributed path
+        _round_grads(run.optim, torch.bfloat16)
     if fault_of(case) != "perturb_loaded" or rank != 0:
         return
     p = next(iter(model.parameters()))
@@ -95,6 +101,20 @@ def _freeze_weights(optim) -> None:
             p.grad = None  # optimizers skip a parameter without a gradient
         return step(*args, **kwargs)
     optim.step = frozen_step
+
+
+def _round_grads(optim, dtype) -> None:
+    params = [p for g in optim.param_groups for p in g["params"]]
+    step = optim.step
+
+    def rounded_step(*args, **kwargs):
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    g = getattr(p.grad, "_local_tensor", p.grad)
+                    g.copy_(g.to(dtype).to(g.dtype))
+        return step(*args, **kwargs)
+    optim.step = rounded_step
 
 
 def _drop_columnwise(model) -> None:

@@ -80,6 +80,8 @@ DCP_MODES = {
 # are not run for it; "applies" below says when a check runs.
 CHECKS = {
     "fp32_parity": "per-step loss and final params vs a single-process FP32 reference",
+    "sharding_invariance": "per-step loss, first grads and final params bit for bit vs the "
+    "same recipe and module on one rank, each data-parallel slice a micro-batch",
     "dcp_roundtrip": "save -> load into a fresh model/optimizer on the same mesh is bitwise, "
     "and the next step equals the uninterrupted run's",
     "async_equivalence": "an async checkpoint holds the same bytes as the sync one of the same "
@@ -99,7 +101,8 @@ CHECKS = {
 }
 # Checks with a part that runs in the reshard phase (on the target mesh).
 RESHARD_PHASE_CHECKS = ("tied_weights", "reshard")
-DEFAULT_CHECKS = ("fp32_parity", "dcp_roundtrip", "async_equivalence", "reshard")
+DEFAULT_CHECKS = ("fp32_parity", "sharding_invariance", "dcp_roundtrip", "async_equivalence",
+                  "reshard")
 
 # What makes the artifacts checks need (harness/worker/producers.py), in the order they run.
 # A failure of one is reported under its name, like a check's; "case" is a launch-level
@@ -107,6 +110,7 @@ DEFAULT_CHECKS = ("fp32_parity", "dcp_roundtrip", "async_equivalence", "reshard"
 PRODUCERS = {
     "train": "build, shard and train the model",
     "reference": "the single-process FP32 reference run",
+    "single_rank": "the case's recipe and module on one rank (sharding invariance)",
     "export": "write the FP32 safetensors export of the trained model",
     "save": "capture the state, save it with DCP, run the next step",
     "load": "a fresh model + optimizer on the same mesh, loaded from the checkpoint",
@@ -140,6 +144,8 @@ FAULTS = {
     "drop_exp_avg": "the loaded optimizer's largest exp_avg is zeroed",
     "frozen_weights": "the optimizer never updates the weight matrices (what TE FusedAdam "
     "without master weights does to DelayedScaling FP8 weights)",
+    "grads_bf16": "the reduced gradients are rounded to bf16 before each step (a gradient "
+    "reduction in a lower precision than the policy's: distributed-only)",
     "diverge_replica": "after training, the last rank's copy of a replicated parameter differs",
     "export_nan": "the safetensors export writes NaN into one exported tensor",
     "export_wrong": "the safetensors export writes 1.01x the values of one exported tensor",

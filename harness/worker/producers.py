@@ -4,6 +4,7 @@ train phase (the case's mesh)::
 
     train      -> trained      build, train ``train.steps`` steps (loss trace)
     reference  -> reference    the single-process FP32 run (only when a check needs it)
+    single_rank -> single_rank the one-rank twin of the case's own recipe (sharding invariance)
     export     -> exported     the FP32 safetensors file users ship (only when checked)
     save       -> checkpoint,  capture *S*, save with the case's DCP mode (async: the next
                   continued    step mutates the live state while the save is in flight)
@@ -56,6 +57,14 @@ class Reference:
     grads: dict
     initial: dict
     params: dict
+
+
+@dataclass
+class SingleRank:
+    losses: list
+    grads: dict
+    params: dict  # fp32 master weights where the optimizer keeps them
+    stored: dict | None  # every parameter as the model computes with it (quantized recipes)
 
 
 @dataclass
@@ -127,6 +136,24 @@ def reference(art) -> dict:
         lambda: reference_run(case, ctx.backend, case.train.steps, ctx.device, lr_scale=scale),
         ctx)
     return {"reference": Reference(losses, grads, initial, params)}
+
+
+def single_rank(art) -> dict:
+    """The one-rank twin (distributed/single.py), computed by rank 0 once per run for
+    everything that determines it, like the FP32 reference; not run where it cannot stand
+    for the case bit for bit (checks/invariance.py says why)."""
+    from harness.checks.invariance import not_applicable
+    from harness.distributed.single import single_rank_run
+    from harness.worker import reference_cache
+    case, ctx = art.case, art.ctx
+    why = not_applicable(case, ctx.backend.name, ctx.device_type)
+    if why:
+        raise NotRunnable(why)
+    k = reference_cache.key(case, ctx.backend, ctx.device, 1.0, twin=True)
+    losses, grads, params, stored = reference_cache.cached(
+        art.ckpt.parent / "reference_cache", k,
+        lambda: single_rank_run(case, ctx.backend, ctx.device, ctx.device_type), ctx)
+    return {"single_rank": SingleRank(losses, grads, params, stored)}
 
 
 def export(art) -> dict:
@@ -218,6 +245,7 @@ def _load(art, run: Run, path) -> None:
 PRODUCERS = (
     Producer("train", (), ("trained",), train, "train"),
     Producer("reference", (), ("reference",), reference, "train"),
+    Producer("single_rank", (), ("single_rank",), single_rank, "train"),
     Producer("export", ("trained",), ("exported",), export, "train"),
     Producer("save", ("trained",), ("checkpoint", "continued"), save, "train"),
     Producer("load", ("checkpoint",), ("loaded",), load, "train", loads=True),

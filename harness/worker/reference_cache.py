@@ -22,21 +22,30 @@ import torch
 from harness.distributed import data
 
 VERSION = 1  # bump when reference_run or the synthetic data change meaning
+TWIN_VERSION = 1  # bump when single_rank_run changes meaning
 
 
-def determinants(case, backend, device, lr_scale: float) -> dict:
+def determinants(case, backend, device, lr_scale: float, twin: bool = False) -> dict:
+    """``twin``: the one-rank twin of the case's own recipe (distributed/single.py) -- it also
+    depends on the recipe, the data-parallel slicing and every axis but the mesh, DCP mode and
+    reshard (fixes, mutations, faults change what is built or how it steps)."""
     ref = getattr(case, "model_ref", None)  # a scenario's own model: its factory, plan, task
-    return dict(version=VERSION, data=data.VERSION, backend=backend.name,
+    extra = {}
+    if twin:
+        extra = dict(twin=TWIN_VERSION, recipe=case.recipe, dp=case.mesh.dp_size,
+                     axes={k: v for k, v in sorted(case.ax.items())
+                           if k not in ("mesh", "dcp", "reshard")})
+    return dict(extra, version=VERSION, data=data.VERSION, backend=backend.name,
                 module=case.ax["module"], model_ref=repr(ref) if ref is not None else None,
                 model=dataclasses.asdict(case.model),
                 seed=case.train.seed, steps=case.train.steps, lr=case.train.lr,
                 lr_scale=lr_scale, device=str(torch.device(device).type),
-                dtype="float32", torch=torch.__version__,
+                dtype="case" if twin else "float32", torch=torch.__version__,
                 library=backend.versions())
 
 
-def key(case, backend, device, lr_scale: float) -> str:
-    blob = json.dumps(determinants(case, backend, device, lr_scale), sort_keys=True)
+def key(case, backend, device, lr_scale: float, twin: bool = False) -> str:
+    blob = json.dumps(determinants(case, backend, device, lr_scale, twin), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -74,5 +83,5 @@ def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
     flag = [err]
     dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
     if flag[0] is not None:
-        raise RuntimeError(f"the FP32 reference failed on rank 0: {flag[0]}")
+        raise RuntimeError(f"the cached run failed on rank 0: {flag[0]}")
     return tuple(torch.load(path, weights_only=True))

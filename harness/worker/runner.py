@@ -32,6 +32,7 @@ from harness.worker.workarounds import WORKAROUNDS
 
 ARTIFACT_LABELS = {
     "trained": "the trained model", "reference": "the FP32 reference run",
+    "single_rank": "the one-rank twin",
     "checkpoint": "the DCP checkpoint", "continued": "the uninterrupted next step",
     "loaded": "the dcp load", "expected": "the train phase's checkpoint",
     "resharded": "the load on the target mesh",
