@@ -106,7 +106,7 @@ class _Walk:
         not_runnable = []
         err = self.attempt(p.name, lambda: self._make(p, not_runnable))
         if not_runnable:
-            self._missing(p, f"was not made ({p.name} did not run)")
+            self._missing(p, f"was not made: {not_runnable[0]}")
             rec.status(p.name, "not_run", f"not run: {not_runnable[0]}")
             return
         if err is None:
