@@ -50,9 +50,10 @@ def test_cases_select_combinations(tmp_path):
 
 def test_checks_apply_per_case(tmp_path):
     by_label = {c.label: c for c in expand(spec(tmp_path))}
-    assert by_label["fp32-dp2-Linear-sync-none"].checks == ("fp32_parity", "dcp_roundtrip")
+    assert by_label["fp32-dp2-Linear-sync-none"].checks == (
+        "fp32_parity", "sharding_invariance", "dcp_roundtrip")
     assert by_label["fp32-dp2-Linear-async_thread-to_dp4"].checks == (
-        "fp32_parity", "dcp_roundtrip", "async_equivalence", "reshard")
+        "fp32_parity", "sharding_invariance", "dcp_roundtrip", "async_equivalence", "reshard")
 
 
 def test_world_sizes_and_target(tmp_path):
