@@ -41,13 +41,27 @@ class _SumOverGroup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        x = x.clone()
+        x = x.clone(memory_format=torch.contiguous_format)
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
     def backward(ctx, grad):
         return grad, None
+
+
+def sum_over_group(x: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``x`` summed (a row-parallel GEMM's partial outputs); identity backward."""
+    return _SumOverGroup.apply(x, group)
+
+
+def vocab_sharded_lookup(ids: torch.Tensor, rows: torch.Tensor, start: int, group):
+    """``F.embedding`` of ``ids`` in a vocabulary sharded by rows over ``group``: this rank
+    holds ``rows``, vocabulary ids ``start`` onwards; it looks up the ids it holds, zero
+    elsewhere, and the pieces are summed."""
+    outside = (ids < start) | (ids >= start + rows.shape[0])
+    h = torch.nn.functional.embedding((ids - start).masked_fill(outside, 0), rows)
+    return sum_over_group(h.masked_fill(outside.unsqueeze(-1), 0.0), group)
 
 
 def vocab_sharded_embedding(ids: torch.Tensor, weight, group) -> torch.Tensor:
@@ -58,8 +72,6 @@ def vocab_sharded_embedding(ids: torch.Tensor, weight, group) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     local = weight.to_local() if isinstance(weight, DTensor) else weight
-    (rows, _), (start, _) = compute_local_shape_and_global_offset(
+    _, (start, _) = compute_local_shape_and_global_offset(
         weight.shape, weight.device_mesh, weight.placements)
-    outside = (ids < start) | (ids >= start + rows)
-    h = torch.nn.functional.embedding((ids - start).masked_fill(outside, 0), local)
-    return _SumOverGroup.apply(h.masked_fill(outside.unsqueeze(-1), 0.0), group)
+    return vocab_sharded_lookup(ids, local, start, group)

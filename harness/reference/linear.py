@@ -19,6 +19,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from harness.distributed.tp_output import gather_last_dim, sum_over_group
 from harness.reference.qtensor import QuantizedTensor
 from harness.reference.quantizers import QuantState, WeightQuantizer, fake_quant
 
@@ -93,44 +94,16 @@ class _CopyToTP(torch.autograd.Function):
         return g, None
 
 
-class _ReduceFromTP(torch.autograd.Function):
-    """Sums partial outputs over TP (after a row-parallel GEMM); identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
-class _GatherFromTP(torch.autograd.Function):
-    """All-gathers a column-parallel output along its last dim; backward keeps this rank's
-    slice."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
-
-    @staticmethod
-    def backward(ctx, g):
-        n, r = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        return g.chunk(n, dim=-1)[r].contiguous(), None
-
-
 def copy_to_tp(x, group):
     return _CopyToTP.apply(x, group) if group is not None else x
 
 
 def reduce_from_tp(x, group):
-    return _ReduceFromTP.apply(x, group) if group is not None else x
+    """Sums partial outputs over TP (after a row-parallel GEMM); identity backward."""
+    return sum_over_group(x, group) if group is not None else x
 
 
 def gather_from_tp(x, group):
-    return _GatherFromTP.apply(x, group) if group is not None else x
+    """All-gathers a column-parallel output along its last dim; backward keeps this rank's
+    slice."""
+    return gather_last_dim(x, group) if group is not None else x

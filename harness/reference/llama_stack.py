@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from harness.distributed.tp_output import vocab_sharded_lookup
 from harness.reference.fixes.tp_dtensor_params import local
-from harness.reference.linear import copy_to_tp, gather_from_tp, reduce_from_tp
+from harness.reference.linear import copy_to_tp, gather_from_tp
 from harness.reference.modules import Env, TEModule, TransformerLayer, _vec
 from harness.spec.scenario import ModelDims
 
@@ -31,10 +32,7 @@ class Embedding(TEModule):
         w, tp = local(self.weight), self.env.tp
         if tp.group is None:
             return F.embedding(ids, w)
-        start = tp.rank * w.shape[0]
-        outside = (ids < start) | (ids >= start + w.shape[0])
-        out = F.embedding((ids - start).masked_fill(outside, 0), w)
-        return reduce_from_tp(out.masked_fill(outside.unsqueeze(-1), 0.0), tp.group)
+        return vocab_sharded_lookup(ids, w, tp.rank * w.shape[0], tp.group)
 
 
 class LayerNorm(TEModule):
