@@ -83,7 +83,7 @@ def quantized_allgather_parity(run, rec) -> None:
                      + ", ".join(skipped[:8]))
 
 
-def _gather_buffers(params) -> dict:
+def _gather_buffers(params) -> tuple[dict, list]:
     """Every (sharded or unsharded) parameter's raw buffers assembled like the whole parameter:
     buffers laid out like the piece (rowwise data) or one per block of rows (block scales) to
     full size, per-tensor scalars as one value when every piece agrees (else one per rank,
