@@ -1,12 +1,12 @@
 """Measured errors the tolerances are derived from (``measured.csv``, package data).
 
-Each row: a (check, quantity, recipe, loss, metric) and the error measured for it over the
-``calibration`` scenario's cases -- several seeds, meshes and modules, on every backend and
-device it ran on (reference / torch on CPU, te on GPU) -- as n, p99 and max, with the sources.
-``loss`` is the modules' training loss (``catalog.TASK_LOSS``): ``mse`` for the single layers,
+Each row: a (check, quantity, recipe, loss, metric) measured over the ``calibration`` scenario's
+passing cases of one population -- backend, device, process groups' backend, world size and
+module, each either a value or ``*`` (pooled over) -- as n, p99 and max. ``loss`` is the
+modules' training loss (``catalog.TASK_LOSS``): ``mse`` for the single layers,
 ``cross_entropy`` for next-token models (LlamaStack), whose errors are measured apart.
 ``python -m harness calibrate`` regenerates the file (``harness/calibration/derive.py``);
-``harness/tolerances.py`` turns each p99 into a tolerance (times a stated factor).
+``harness/calibration/tolerances.py`` turns each p99 into a tolerance (times a stated factor).
 """
 
 from __future__ import annotations
@@ -15,21 +15,20 @@ import csv
 from pathlib import Path
 
 MEASURED = Path(__file__).resolve().parent / "measured.csv"
-COLUMNS = ["check", "quantity", "recipe", "loss", "metric", "n", "p99", "max", "sources"]
-DEFAULT_LOSS = "mse"  # files written before the loss column measured MSE modules only
+KEY = ["check", "quantity", "recipe", "loss", "backend", "device", "pg_backend", "world_size",
+       "module", "metric"]
+COLUMNS = KEY + ["n", "p99", "max", "beyond_previous"]  # see derive.py
 
 
-def load(path: Path = MEASURED) -> dict[tuple[str, str, str, str, str], dict]:
-    """(check, quantity, recipe, loss, metric) -> {n, p99, max, sources}; empty if no file."""
+def load(path: Path = MEASURED) -> dict[tuple, dict]:
+    """``KEY`` (a tuple of strings) -> {n, p99, max}; empty if no file."""
     if not Path(path).is_file():
         return {}
     out = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            key = (row["check"], row["quantity"], row["recipe"],
-                   row.get("loss") or DEFAULT_LOSS, row["metric"])
-            out[key] = dict(n=int(row["n"]), p99=float(row["p99"]), max=float(row["max"]),
-                            sources=row["sources"])
+            out[tuple(row[k] for k in KEY)] = dict(n=int(row["n"]), p99=float(row["p99"]),
+                                                   max=float(row["max"]))
     return out
 
 
@@ -38,7 +37,6 @@ def write(rows: list[dict], path: Path = MEASURED) -> None:
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
-        for r in sorted(rows, key=lambda r: (r["check"], r["quantity"], r["recipe"], r["loss"],
-                                             r["metric"])):
-            w.writerow({k: r[k] for k in COLUMNS})
+        for r in sorted(rows, key=lambda r: tuple(str(r[k]) for k in KEY)):
+            w.writerow({k: r.get(k, 0) for k in COLUMNS})
     tmp.replace(path)

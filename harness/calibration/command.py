@@ -77,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     write(rows, Path(args.out))
+    beyond = [r for r in rows if r["beyond_previous"] and r["module"] != "*"
+              and r["world_size"] != "*" and r["metric"] == "rel_l2"]
+    for r in beyond:  # the finest level, once per quantity: what to review before committing
+        print(f"beyond the previous tolerance in its run: {r['check']}/{r['quantity']} "
+              f"{r['recipe']} {r['backend']}/{r['device']}/{r['pg_backend']} world "
+              f"{r['world_size']} {r['module']}: {r['beyond_previous']} of {r['n']} rows")
     print(f"wrote {args.out}: {len(rows)} measurements from "
           f"{df['run_id'].nunique()} run(s), {df['case_id'].nunique()} cases")
     print(markdown_table(Path(args.out)))
@@ -84,15 +90,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def markdown_table(path: Path = MEASURED) -> str:
-    """The README's tolerance table: measured p99, factor, tolerance (max_abs / rel-L2)."""
+    """The README's tolerance table: per population (backend / device / process groups, world
+    size, module; ``*`` pooled) the measured p99, factor and tolerance (max_abs / rel-L2)."""
     from harness import calibration
     from harness.calibration import tolerances
-    measured = calibration.load(path)
-    lines = ["| check / quantity | recipe | loss | n | measured p99 max-abs / rel-L2 | factor | "
-             "tolerance max-abs / rel-L2 |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for c, q, r, loss in sorted({k[:4] for k in measured}):
-        t = tolerances.lookup(c, q, r, measured=measured, loss=loss)
-        a, rl = measured[(c, q, r, loss, "max_abs")], measured[(c, q, r, loss, "rel_l2")]
-        lines.append(f"| {c} {q} | {r} | {loss} | {rl['n']} | {a['p99']:.2g} / {rl['p99']:.2g} "
-                     f"| {tolerances.FACTOR:g} | {t.max_abs:.2g} / {t.rel_l2:.2g} |")
+    lines = ["| check / quantity | recipe | loss | population | n | measured p99 max-abs / rel-L2 "
+             "| factor | tolerance max-abs / rel-L2 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in tolerances.table(measured=calibration.load(path)):
+        if r["recipe"] == "*":
+            continue
+        pop = tolerances.describe(tuple(r[c] for c in derive.POPULATION))
+        lines.append(f"| {r['check']} {r['quantity']} | {r['recipe']} | {r['loss']} | {pop} | "
+                     f"{r['n']} | {r['p99_max_abs']:.2g} / {r['p99_rel_l2']:.2g} | "
+                     f"{r['factor']:g} | {r['max_abs']:.2g} / {r['rel_l2']:.2g} |")
     return "\n".join(lines)

@@ -1,10 +1,21 @@
-"""Measured errors from history rows of the ``calibration`` scenario.
+"""Measured errors from history rows of the ``calibration`` scenario, per population.
 
-Only units that ran and whose failures are not registered bugs count: a row of a unit whose
-coverage is ``xfailed`` (a known failure explains it) or ``not_run`` is left out, so a known bug
-never widens a tolerance. Everything else counts, passing or not -- that is what calibration is
-for. p99 is numpy's linear-interpolated 99th percentile over all cases of all sources of one
-loss (``catalog.TASK_LOSS`` of the case's module): MSE layers and next-token models apart.
+A population is where the numbers were measured: the backend, the device, the process groups'
+backend (``nccl`` with a GPU per rank, ``gloo`` on CPU or where ranks share GPUs) and the
+world size, and the module. Populations never pool backends, devices or process-group kinds
+(a shared-GPU gloo run is not an NCCL run); each measurement is written at four levels --
+(module, world size), module over all world sizes, world size over all modules, and all of them
+-- and the lookup takes the finest level with at least ``MIN_N`` samples.
+
+Only passing runs count: a calibration case whose every other check passed (round trips bit
+for bit, nothing crashed) and whose units no registered failure explains (coverage ``xfailed``
+/ ``not_run``) -- a known bug, or a broken case, never widens a tolerance. Its calibrated
+quantities count whether or not they passed the tolerance the run was judged by: that is the
+previous calibration, which a new kind of case (a new module, mesh or reshard) has no
+population in yet. ``python -m harness calibrate`` prints such rows (``beyond_previous``) for
+review: a change of the numerics shows there before it enters a tolerance.
+p99 is numpy's linear-interpolated 99th percentile, per loss (``catalog.TASK_LOSS``
+of the case's module: MSE layers and next-token models apart).
 """
 
 from __future__ import annotations
@@ -13,37 +24,62 @@ import numpy as np
 import pandas as pd
 
 from harness.spec import catalog
+from harness.spec.mesh import parse_mesh
 
 CALIBRATED = {("fp32_parity", "loss"), ("fp32_parity", "grads"), ("fp32_parity", "params"),
               ("fp32_parity", "stored_params"), ("fp32_parity", "update_norms"),
               ("reshard", "next_loss"),
               ("reshard", "next_params")}
 METRICS = ("max_abs", "rel_l2")
+MIN_N = 10  # fewer samples than this: the population is too small to take a p99 from
+ANY = "*"  # a population column pooled over
+# population columns, and the levels written (the columns each keeps; the rest pooled)
+POPULATION = ("backend", "device", "pg_backend", "world_size", "module")
+LEVELS = (("module", "world_size"), ("module",), ("world_size",), ())
+
+
+def pg_backend(device: str, recorded) -> str:
+    """The process groups' backend of a row: recorded since shared GPUs exist; before, every
+    CPU run was gloo and every GPU run nccl (a GPU per rank)."""
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    return "nccl" if device == "cuda" else "gloo"
 
 
 def measured(df: pd.DataFrame) -> list[dict]:
     df = df[df["scenario"] == "calibration"]
     cov = df[df["metric"] == "coverage"]
-    excluded = set(zip(cov.loc[cov["row_outcome"].isin(["xfailed", "not_run"]), "case_id"],
-                       cov.loc[cov["row_outcome"].isin(["xfailed", "not_run"]), "check"]))
+    bad = cov["row_outcome"].isin(["xfailed", "not_run"])
+    excluded = set(zip(cov.loc[bad, "case_id"], cov.loc[bad, "check"]))
+    failed = df[(df["row_outcome"] == "fail") & (df["metric"] != "coverage")]
+    broken = {cid for cid, c, q in zip(failed["case_id"], failed["check"], failed["quantity"])
+              if (c, q) not in CALIBRATED}
+    if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
+        broken |= set(df.loc[df["case_status"].isin(["error", "timeout", "crash"]), "case_id"])
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail"])]
-    if "pg_backend" in rows:  # ranks that shared GPUs (gloo on cuda) never pool with nccl runs
-        rows = rows[~((rows["device"] == "cuda") & (rows["pg_backend"] == "gloo"))]
-    keep = [(c, q) in CALIBRATED and (cid, c) not in excluded
+    keep = [(c, q) in CALIBRATED and (cid, c) not in excluded and cid not in broken
             for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
     rows = rows[keep]
     rows = rows.assign(loss=[catalog.TASK_LOSS[catalog.MODULE_TASKS[m]]
                              if m in catalog.MODULE_TASKS else None for m in rows["module"]])
     rows = rows[rows["loss"].notna()]  # a module the catalog does not know: no population
-    out = []
     if rows.empty:
-        return out
-    for (check, quantity, recipe, loss, metric), g in rows.groupby(
-            ["check", "quantity", "recipe", "loss", "metric"]):
-        values = g["value"].to_numpy(dtype=float)
-        sources = g.groupby(["backend", "device"]).size()
-        out.append(dict(check=check, quantity=quantity, recipe=recipe, loss=loss, metric=metric,
-                        n=len(values), p99=float(np.percentile(values, 99)),
-                        max=float(values.max()),
-                        sources=" ".join(f"{b}/{d}:{n}" for (b, d), n in sources.items())))
+        return []
+    recorded = rows["pg_backend"] if "pg_backend" in rows else [None] * len(rows)
+    judged = rows["tolerance"].notna() if "tolerance" in rows else False
+    rows = rows.assign(
+        judged=judged,  # failed against a tolerance of its run (not: none existed yet)
+        pg_backend=[pg_backend(d, p) for d, p in zip(rows["device"], recorded)],
+        world_size=[str(parse_mesh(m).world_size) for m in rows["mesh"]])
+    out = []
+    base = ["check", "quantity", "recipe", "loss", "metric", "backend", "device", "pg_backend"]
+    for kept in LEVELS:
+        for key, g in rows.groupby(base + list(kept)):
+            values = g["value"].to_numpy(dtype=float)
+            r = dict(zip(base + list(kept), key))
+            r.update({c: ANY for c in POPULATION if c not in r})
+            out.append(dict(r, n=len(values), p99=float(np.percentile(values, 99)),
+                            max=float(values.max()),
+                            beyond_previous=int(((g["row_outcome"] == "fail")
+                                                 & g["judged"]).sum())))
     return out

@@ -28,13 +28,25 @@ def losses(values) -> dict:
     return {"loss": torch.tensor(values, dtype=torch.float64)}
 
 
-def tol(case, check, quantity):
-    """The calibrated tolerance for the case's recipe and loss (``catalog.TASK_LOSS`` of its
-    task); where none exists yet (a new recipe, the calibration run that will make one) a NaN
-    tolerance that fails, so the values are still recorded."""
+def population(art) -> tolerances.Population:
+    """Where this case runs, as its calibration population: backend, device, the process
+    groups' backend (nccl, or gloo on CPU and where ranks share a GPU), the case mesh's world
+    size, the module."""
+    import torch.distributed as dist
+    case = art.case
+    pg = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
+    return tolerances.Population(case.backend, art.ctx.device_type, pg, case.mesh.world_size,
+                                 case.ax.get("module", ""))
+
+
+def tol(art, check, quantity):
+    """The calibrated tolerance for the case's recipe, loss (``catalog.TASK_LOSS`` of its
+    task) and population; where none exists yet (a new recipe or hardware, the calibration run
+    that will make one) a NaN tolerance that fails, so the values are still recorded."""
+    case = art.case
     try:
         return tolerances.lookup(check, quantity, case.recipe, case.tolerances, case.train,
-                                 loss=catalog.TASK_LOSS[case.task])
+                                 loss=catalog.TASK_LOSS[case.task], where=population(art))
     except tolerances.MissingTolerance as e:
         return tolerances.Tolerance(math.nan, math.nan, str(e).strip('"'))
 
@@ -42,15 +54,15 @@ def tol(case, check, quantity):
 def fp32_parity(art, rec) -> None:
     case, t, ref = art.case, art["trained"], art["reference"]
     rec.compare("fp32_parity", "loss", losses(t.losses), losses(ref.losses),
-                tol(case, "fp32_parity", "loss"))
-    rec.compare("fp32_parity", "grads", t.grads0, ref.grads, tol(case, "fp32_parity", "grads"))
+                tol(art, "fp32_parity", "loss"))
+    rec.compare("fp32_parity", "grads", t.grads0, ref.grads, tol(art, "fp32_parity", "grads"))
     final = t.run.full_params()  # fp32 master weights where the optimizer keeps them
-    rec.compare("fp32_parity", "params", final, ref.params, tol(case, "fp32_parity", "params"))
+    rec.compare("fp32_parity", "params", final, ref.params, tol(art, "fp32_parity", "params"))
     rec.compare("fp32_parity", "update_norms", _update_norms(final, t.initial),
-                _update_norms(ref.params, ref.initial), tol(case, "fp32_parity", "update_norms"))
+                _update_norms(ref.params, ref.initial), tol(art, "fp32_parity", "update_norms"))
     if t.run.quantized:  # the quantized weights themselves, within the format's rounding
         rec.compare("fp32_parity", "stored_params", t.run.full_params(masters=False),
-                    ref.params, tol(case, "fp32_parity", "stored_params"))
+                    ref.params, tol(art, "fp32_parity", "stored_params"))
     frozen = [n for n, g in t.grads0.items()
               if n in final and bool(g.abs().max() > 0) and torch.equal(final[n], t.initial[n])]
     rec.flag("fp32_parity", "params_updated", not frozen,

@@ -20,9 +20,9 @@ def reshard(art, rec) -> None:
                 mesh_independent(exp.state), tolerances.BITWISE)
     loss, _ = run.step(case.train.steps)
     rec.compare("reshard", "next_loss", losses([loss]), losses([exp.next_loss]),
-                tol(case, "reshard", "next_loss"))
+                tol(art, "reshard", "next_loss"))
     rec.compare("reshard", "next_params", run.full_params(), exp.next_params,
-                tol(case, "reshard", "next_params"))
+                tol(art, "reshard", "next_params"))
 
 
 CHECK = Check("reshard", ("resharded", "expected"), reshard, phase="reshard")

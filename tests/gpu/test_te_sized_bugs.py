@@ -1,6 +1,7 @@
 """The sized bugs fail their checks on real TransformerEngine too (GPU; skips without it).
 
-Run on the GPU machine: ``pytest tests/gpu`` (TE importable, CUDA with >= 2 GPUs).
+Run on the GPU machine: ``pytest tests/gpu`` (TE importable, a CUDA GPU: with fewer GPUs than
+ranks the ranks share them over gloo, launch/placement.py).
 """
 
 import dataclasses
@@ -26,8 +27,8 @@ XFAILS = Path(__file__).resolve().parents[2] / "scenarios" / "xfails.yaml"
 
 def _skip_reason():
     import torch
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        return "needs 2 CUDA GPUs"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
     te = get("te")
     cases = expand(load_scenario(SCENARIO), "te")
     return te.skip_reason(cases[0], "cuda")
@@ -94,3 +95,16 @@ def test_te_sized_bugs_fail_their_checks(sized, recipe):
         assert v.outcome == XFAILED, v.message
     else:
         assert clean.passed, [(r["check"], r["quantity"], r["detail"]) for r in clean.failed_rows]
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "delayed", "current", "block"])
+def test_weights_that_never_move_fail_params(sized, recipe):
+    """Issue 33: params / stored_params can fail at a size that matters on every TE recipe --
+    weights never updated (rel-L2 ~0.45 from the FP32 run) fail the per-population tolerance
+    (2x the p99 of TE's own passing runs of the module: 0.04-0.28), where the pooled 3x p99
+    (0.82 for delayed) let them pass."""
+    results, _ = sized
+    res = results[(recipe, "frozen_weights")]
+    assert _fails(res, "fp32_parity", "params"), recipe
+    if recipe != "bf16":
+        assert _fails(res, "fp32_parity", "stored_params"), recipe
