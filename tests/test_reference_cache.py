@@ -67,5 +67,6 @@ def test_a_full_work_dir_says_enospc_and_names_the_directory(tmp_path, monkeypat
             reference_cache.store((torch.zeros(1 << 18),), full / "ref" / "k.pt")
         left = sorted(p.name for p in full.rglob("*"))
     assert str(e.value) == (f"[Errno 28] no space left on device in {full / 'ref'} (the work "
-                            f"directory's FP32 reference cache)"), how
+                            f"directory's cache of FP32 reference and one-rank twin runs)"), \
+        how
     assert left in ([], ["filler"], ["filler", "ref"], ["ref"]), left  # no half-written file

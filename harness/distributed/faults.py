@@ -92,29 +92,33 @@ def after_load(case, run, rank: int) -> None:
         local.view(-1)[0] += 1e-3
 
 
-def _freeze_weights(optim) -> None:
-    weights = [p for g in optim.param_groups for p in g["params"] if p.dim() >= 2]
-    step = optim.step
-
-    def frozen_step(*args, **kwargs):
-        for p in weights:
-            p.grad = None  # optimizers skip a parameter without a gradient
-        return step(*args, **kwargs)
-    optim.step = frozen_step
-
-
-def _round_grads(optim, dtype) -> None:
+def _before_each_step(optim, action) -> None:
+    """Run ``action(params)`` (the optimizer's parameters) before every ``optim.step``."""
     params = [p for g in optim.param_groups for p in g["params"]]
     step = optim.step
 
-    def rounded_step(*args, **kwargs):
+    def faulty_step(*args, **kwargs):
         with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    g = getattr(p.grad, "_local_tensor", p.grad)
-                    g.copy_(g.to(dtype).to(g.dtype))
+            action(params)
         return step(*args, **kwargs)
-    optim.step = rounded_step
+    optim.step = faulty_step
+
+
+def _freeze_weights(optim) -> None:
+    def drop_weight_grads(params):
+        for p in params:
+            if p.dim() >= 2:
+                p.grad = None  # optimizers skip a parameter without a gradient
+    _before_each_step(optim, drop_weight_grads)
+
+
+def _round_grads(optim, dtype) -> None:
+    def round_grads(params):
+        for p in params:
+            if p.grad is not None:
+                g = getattr(p.grad, "_local_tensor", p.grad)
+                g.copy_(g.to(dtype).to(g.dtype))
+    _before_each_step(optim, round_grads)
 
 
 def _drop_columnwise(model) -> None:

@@ -65,7 +65,8 @@ def store(value, path: Path) -> None:
         tmp.unlink(missing_ok=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(e.errno, f"no space left on device in {path.parent} (the work "
-                                   f"directory's FP32 reference cache)") from None
+                                   f"directory's cache of FP32 reference and one-rank twin "
+                                   f"runs)") from None
         raise
 
 
