@@ -43,10 +43,14 @@ class ReferenceBackend(TorchBackend):
         if mesh_spec.tp > 1:
             tp_mesh = mesh[TP_DIM]
             tp = ref.TP(mesh_spec.tp, tp_mesh.get_local_rank(), tp_mesh.get_group(), tp_mesh)
-        # Delayed-scaling activation / gradient amaxes are reduced over all ranks (TE's default
-        # amax_reduction_group): the histories are replicated buffers and must agree.
+        # Delayed-scaling activation / gradient amaxes are reduced over all ranks of the mesh
+        # (TE's default amax_reduction_group: the world): the histories are replicated buffers
+        # and must agree. A mesh of fewer ranks (the one-rank twin) reduces over its own.
+        world = dist.group.WORLD
+        if mesh.size() != dist.get_world_size() and mesh.ndim == 1:
+            world = mesh.get_group()
         env = ref.Env(case.recipe, tp, weight_group=parallel.weight_group(mesh, mesh_spec),
-                      world_group=dist.group.WORLD)
+                      world_group=world)
         model = ref.build_meta(case.ax["module"], case.model, env)
         parallel.shard(model, mesh, mesh_spec, case.recipe)
         return ref.materialize(model, canonical, device)
@@ -58,6 +62,10 @@ class ReferenceBackend(TorchBackend):
     def autocast(self, case):
         from harness.reference.linear import autocast
         return autocast(True)
+
+    def one_update_per_step(self, case):
+        from harness.reference.quantizers import OneUpdatePerStep
+        return OneUpdatePerStep()
 
     def canonical_names(self, model) -> dict:
         return model.canonical_names() if hasattr(model, "canonical_names") else {}

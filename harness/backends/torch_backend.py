@@ -89,6 +89,12 @@ class TorchBackend:
     def autocast(self, case):
         return contextlib.nullcontext()
 
+    def one_update_per_step(self, case):
+        """Around one step of the one-rank twin's micro-batches (distributed/single.py): a
+        context with ``next_slice()`` that makes a recipe's per-step state (DelayedScaling's
+        amax history) advance once per step, as in the sharded run; nothing to do here."""
+        return _NoHistory()
+
     def canonical_names(self, model) -> dict:
         """Backend param name -> the plain-torch module's name (identity here)."""
         return {}
@@ -100,3 +106,11 @@ class TorchBackend:
 
 
 BACKEND = TorchBackend()
+
+
+class _NoHistory(contextlib.AbstractContextManager):
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def next_slice(self) -> None:
+        pass

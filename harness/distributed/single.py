@@ -64,14 +64,16 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     losses, grads = [], None
     for step in range(case.train.steps):
         total = torch.zeros((), dtype=torch.float32)  # as the sharded run's all_reduce sums
-        for rank in range(spec.world_size):
-            x, y = data.local_batch(case.task, case.model, case.train.seed, step, spec, rank,
-                                    device)
-            with backend.autocast(case):
-                out = model(x)
-            loss = data.TASKS[case.task].loss(out, y)
-            loss.backward()
-            total += loss.detach().to("cpu", torch.float32)
+        with backend.one_update_per_step(case) as held:  # amax histories: once per step
+            for rank in range(spec.world_size):
+                held.next_slice()
+                x, y = data.local_batch(case.task, case.model, case.train.seed, step, spec,
+                                        rank, device)
+                with backend.autocast(case):
+                    out = model(x)
+                loss = data.TASKS[case.task].loss(out, y)
+                loss.backward()
+                total += loss.detach().to("cpu", torch.float32)
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(spec.world_size)

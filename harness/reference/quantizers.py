@@ -38,6 +38,48 @@ def _allreduce_max(t: torch.Tensor, group) -> torch.Tensor:
     return t
 
 
+class OneUpdatePerStep:
+    """While active, DelayedScaling's history updates of every GEMM are held back and made at
+    the end as the sharded run makes them: once per call of the step, from the max over the
+    data-parallel slices the one-rank twin runs as micro-batches (the sharded run takes that
+    max with an all-reduce) -- ``next_slice()`` between slices, ``flush()`` once at the end."""
+
+    active: "OneUpdatePerStep | None" = None
+
+    def __init__(self):
+        self.pending: dict = {}  # (id(state), role) -> [state, role, fmt, [amax per call]]
+        self.calls: dict = {}  # (id(state), role) -> calls seen in this slice
+
+    def __enter__(self):
+        OneUpdatePerStep.active = self
+        return self
+
+    def __exit__(self, *exc):
+        OneUpdatePerStep.active = None
+        if exc[0] is None:
+            self.flush()
+
+    def next_slice(self) -> None:
+        self.calls = {}
+
+    def add(self, state, role, amax, fmt) -> None:
+        k = (id(state), role)
+        i = self.calls.get(k, 0)
+        self.calls[k] = i + 1
+        amaxes = self.pending.setdefault(k, [state, role, fmt, []])[3]
+        if i < len(amaxes):
+            amaxes[i] = torch.maximum(amaxes[i], amax)
+        else:
+            amaxes.append(amax.clone())
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        for state, role, fmt, amaxes in self.pending.values():
+            for amax in amaxes:
+                state.record(role, amax, fmt)
+        self.pending = {}
+
+
 class QuantState(nn.Module):
     """Delayed-scaling amax histories and scales of one GEMM (buffers: checkpointed)."""
 
@@ -61,7 +103,11 @@ class QuantState(nn.Module):
     @torch.no_grad()
     def record(self, role: str, amax: torch.Tensor, fmt: fp8.FP8Format) -> None:
         """Roll the history (newest first) and set the next scale from its max (TE's
-        DelayedScaling(amax_history_len=16, amax_compute_algo="max"))."""
+        DelayedScaling(amax_history_len=16, amax_compute_algo="max")); held back while a
+        ``OneUpdatePerStep`` is active."""
+        if OneUpdatePerStep.active is not None:
+            OneUpdatePerStep.active.add(self, role, amax, fmt)
+            return
         hist = getattr(self, f"{role}_amax_history")
         hist.copy_(torch.roll(hist, 1))
         hist[0] = amax.to(hist.dtype)
