@@ -264,3 +264,19 @@ def test_raw_quantized_storage_is_compared_by_bytes_not_by_the_nonfinite_rule():
     values = compare({"w#dequantized": pad}, {"w#dequantized": pad.clone()})
     assert not values.passes(BITWISE)
     assert not compare({"m._extra_state#amax": pad}, {"m._extra_state#amax": pad.clone()}).passes(BITWISE)
+
+
+def test_every_cpu_case_of_the_shipped_scenarios_has_a_population():
+    """The shipped calibration covers what CI runs: no torch / reference case quantity of the
+    scenarios/ matrices falls through to a NaN tolerance; a population taken away is named."""
+    from pathlib import Path
+
+    from harness.calibration import coverage
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    cpu = (("torch", "cpu", "gloo"), ("reference", "cpu", "gloo"))
+    assert not coverage.uncovered(root, targets=cpu)
+    gone = {k: v for k, v in tolerances._MEASURED.items()
+            if not (k[2] == "bf16" and k[4] == "torch")}
+    gaps = coverage.uncovered(root, measured=gone, targets=cpu)
+    assert gaps and all(b == "torch" and r == "bf16" for b, _, _, r, _, _ in gaps)
+    assert "torch/cpu/gloo bf16 fp32_parity/loss:" in coverage.report(gaps)

@@ -6,7 +6,8 @@
 It reads every history file of the ``calibration`` scenario in the given directories (default:
 ``reports/calibration/*/history`` -- committed calibration runs, CPU and GPU -- and
 ``reports/history``), derives the measured errors (``derive.py``), writes
-``harness/calibration/measured.csv`` and prints the resulting tolerance table (the README's).
+``harness/calibration/measured.csv`` and prints the resulting tolerance table (the README's) and
+the shipped cases left without a population (``coverage.py``).
 ``--run`` writes its runs to ``reports/calibration/cpu/`` (replacing what was there).
 """
 
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {len(rows)} measurements from "
           f"{df['run_id'].nunique()} run(s), {df['case_id'].nunique()} cases")
     print(markdown_table(Path(args.out)))
+    from harness import calibration
+    from harness.calibration import coverage
+    print(coverage.report(coverage.uncovered(Path("scenarios"), calibration.load(Path(args.out)))))
     return 0
 
 

@@ -1,0 +1,70 @@
+"""Which cases of the shipped scenarios have no calibrated population (``python -m harness
+calibrate`` prints them): a case there gets a NaN tolerance that fails, naming what to
+calibrate. Lists, per (backend, device, process groups, recipe, check / quantity), how many
+cases -- the gaps a calibration run on that hardware would close. Counted over the expanded
+scenarios: a case that would skip on a given GPU (its recipe needs another capability) counts
+too."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from harness.calibration import tolerances
+from harness.calibration.derive import CALIBRATED
+from harness.spec import catalog
+from harness.spec.matrix import expand
+from harness.spec.base import ScenarioError
+from harness.spec.scenario import load_scenario
+
+# where the shipped scenarios run: CPU (gloo), one GPU with shared ranks (gloo), NCCL
+TARGETS = (("torch", "cpu", "gloo"), ("reference", "cpu", "gloo"), ("te", "cuda", "gloo"),
+           ("te", "cuda", "nccl"))
+NOT_A_MATRIX = ("calibration", "xfails")  # the calibration itself; the registry
+
+
+def _quantities(case) -> list[tuple[str, str]]:
+    out = []
+    for check, quantity in sorted(CALIBRATED):
+        if check not in case.checks or (check == "reshard" and case.target is None):
+            continue
+        if quantity == "stored_params" and case.recipe in ("fp32", "bf16"):
+            continue  # only quantized recipes store quantized weights
+        out.append((check, quantity))
+    return out
+
+
+def uncovered(scenario_dir: Path, measured: dict | None = None,
+              targets=TARGETS) -> Counter:
+    """(backend, device, pg_backend, recipe, check, quantity) -> cases without a population."""
+    gaps: Counter = Counter()
+    for path in sorted(Path(scenario_dir).glob("*.yaml")):
+        if path.stem in NOT_A_MATRIX:
+            continue
+        spec = load_scenario(path)
+        for backend, device, pg in targets:
+            try:
+                cases = expand(spec, backend)
+            except ScenarioError:  # the scenario is not for this backend
+                continue
+            for case in cases:
+                loss = catalog.TASK_LOSS[case.task]
+                where = tolerances.Population(backend, device, pg, case.mesh.world_size,
+                                              case.ax.get("module", ""))
+                for check, quantity in _quantities(case):
+                    try:
+                        tolerances.lookup(check, quantity, case.recipe, case.tolerances,
+                                          case.train, measured=measured, loss=loss, where=where)
+                    except tolerances.MissingTolerance:
+                        gaps[(backend, device, pg, case.recipe, check, quantity)] += 1
+    return gaps
+
+
+def report(gaps: Counter) -> str:
+    if not gaps:
+        return "every calibrated quantity of every shipped case has a population"
+    lines = [f"no calibrated population (the quantity fails unjudged) for {sum(gaps.values())} "
+             f"case quantities:"]
+    for (b, d, pg, r, c, q), n in sorted(gaps.items()):
+        lines.append(f"  {b}/{d}/{pg} {r} {c}/{q}: {n} cases")
+    return "\n".join(lines)
