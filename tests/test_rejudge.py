@@ -40,3 +40,34 @@ def test_a_bound_that_a_recorded_case_exceeds_changes_its_verdict(tmp_path):
     assert "reshard/next_loss max_abs 0.002 > 0.001 (entry 1)" in large["message"]
     assert sizes == {(1, "reshard/next_loss max_abs<=0.001"): {("<=", "max_abs"): (4e-4, 1e-3,
                                                                               "small")}}
+
+
+def _compare(case_id, value, tol, outcome, backend="torch", module="LayerNormMLP"):
+    base = dict(run_id="r2", case_id=case_id, scenario="s", backend=backend, device="cpu",
+                axes=json.dumps({"recipe": "bf16", "mesh": "dp2"}), recipe="bf16", mesh="dp2",
+                module=module, case_outcome="passed" if outcome == "pass" else "failed",
+                case_status="ok", te_version=None, torch_version="2.11", phase="train",
+                check="fp32_parity", quantity="params", tolerance=tol, row_outcome=outcome,
+                detail="")
+    return [dict(base, metric="max_abs", value=value), dict(base, metric="rel_l2", value=value)]
+
+
+def test_today_s_tolerances_rejudge_numbers_only_comparisons():
+    """--tolerances: a comparison judged by its numbers takes today's tolerance (here 2x a p99
+    of 0.01 = 0.02); one that failed within its recorded tolerance (a shape mismatch, diverged
+    replicas) keeps its failure; no population -> fails."""
+    from harness.report import retolerance
+    pop = ("torch", "cpu", "gloo", "*", "LayerNormMLP")
+    measured = {("fp32_parity", "params", "bf16", "mse") + pop + (m,): dict(n=10, p99=0.01,
+                                                                         max=0.01)
+                for m in ("max_abs", "rel_l2")}
+    rows = pd.DataFrame(_compare("tighter", 0.03, 0.07, "pass")
+                        + _compare("wider", 0.015, 0.01, "fail")
+                        + _compare("structural", 0.001, 0.07, "fail")
+                        + _compare("nowhere", 0.001, 0.07, "pass", module="Other"))
+    new, changed = retolerance.apply(rows, measured)
+    got = new.groupby("case_id")["row_outcome"].agg(set).to_dict()
+    assert got == {"tighter": {"fail"}, "wider": {"pass"}, "structural": {"fail"},
+                   "nowhere": {"fail"}}
+    assert changed == 3
+    assert set(new.loc[new["case_id"] == "wider", "tolerance"]) == {0.02}

@@ -1,6 +1,6 @@
 """``python -m harness rejudge``: judge recorded runs again against the xfail registry as it
-is now -- which cases' verdicts an edit of ``scenarios/xfails.yaml`` changes, without running
-them again -- and, for every failure an entry bounds (``up_to`` / ``beyond``), the largest
+is now -- which cases' verdicts an edit of ``scenarios/xfails.yaml`` (with ``--tolerances``:
+and of the calibration) changes, without running them again -- and, for every failure an entry bounds (``up_to`` / ``beyond``), the largest
 size measured in those runs against its bound (the margin a sized xfail keeps).
 
 Versions and GPU capability come from each run's recorded metadata (capability where the
@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a history directory (reports/history, or a committed one such as "
                         "reports/gpu/<run>/history); repeat for several")
     p.add_argument("--registry", default=str(ROOT / "scenarios" / "xfails.yaml"), metavar="FILE")
+    p.add_argument("--tolerances", action="store_true",
+                   help="also judge the calibrated quantities against today's tolerances "
+                        "(harness/calibration/measured.csv) instead of the recorded ones")
 
 
 def _axes(raw) -> dict:
@@ -97,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
     if rows.empty:
         print("no recorded cases in " + ", ".join(args.history))
         return 2
+    if args.tolerances:
+        from harness.report import retolerance
+        rows, n = retolerance.apply(rows)
+        print(f"{n} calibrated comparisons change outcome under today's tolerances")
     cases, sizes = rejudge(rows, reg)
     changed = [c for c in cases if c["was"] != c["now"]]
     print(f"{len(cases)} recorded cases judged against {args.registry}: "
