@@ -46,6 +46,12 @@ def pg_backend(device: str, recorded) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
+def loss_of(module: str) -> str | None:
+    """The training loss of a catalog module (``catalog.TASK_LOSS``); None: not the catalog's."""
+    task = catalog.MODULE_TASKS.get(module)
+    return catalog.TASK_LOSS[task] if task is not None else None
+
+
 def measured(df: pd.DataFrame) -> list[dict]:
     df = df[df["scenario"] == "calibration"]
     cov = df[df["metric"] == "coverage"]
@@ -60,8 +66,7 @@ def measured(df: pd.DataFrame) -> list[dict]:
     keep = [(c, q) in CALIBRATED and (cid, c) not in excluded and cid not in broken
             for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
     rows = rows[keep]
-    rows = rows.assign(loss=[catalog.TASK_LOSS[catalog.MODULE_TASKS[m]]
-                             if m in catalog.MODULE_TASKS else None for m in rows["module"]])
+    rows = rows.assign(loss=[loss_of(m) for m in rows["module"]])
     rows = rows[rows["loss"].notna()]  # a module the catalog does not know: no population
     if rows.empty:
         return []

@@ -98,13 +98,19 @@ def describe(pop: tuple[str, ...]) -> str:
             f"{'all modules' if d['module'] == ANY else d['module']}")
 
 
+def _both_metrics(m: dict, key: tuple) -> tuple[dict, int]:
+    """The max_abs and rel_l2 measurements of ``key`` (check .. population) and the samples
+    both have (0 where either is missing)."""
+    rows = {metric: m.get(key + (metric,)) for metric in ("max_abs", "rel_l2")}
+    return rows, (min(r["n"] for r in rows.values()) if all(rows.values()) else 0)
+
+
 def _measurement(m: dict, head: tuple, where: Population) -> tuple[tuple, dict]:
     """The finest population of ``where`` with at least MIN_N samples of both metrics."""
     tried = []
     for kept in LEVELS:
         pop = where.key(kept)
-        rows = {metric: m.get(head + pop + (metric,)) for metric in ("max_abs", "rel_l2")}
-        n = min((r["n"] for r in rows.values() if r), default=0) if all(rows.values()) else 0
+        rows, n = _both_metrics(m, head + pop)
         if n >= MIN_N:
             return pop, rows
         tried.append(f"{describe(pop)}: n={n}")
@@ -173,8 +179,8 @@ def table(train=None, measured: dict | None = None) -> list[dict]:
     rows = []
     for key in sorted({k[:-1] for k in m}):
         head, pop = key[:4], key[4:]
-        got = {metric: m.get(key + (metric,)) for metric in ("max_abs", "rel_l2")}
-        if not all(got.values()) or min(g["n"] for g in got.values()) < MIN_N:
+        got, n = _both_metrics(m, key)
+        if n < MIN_N:
             continue
         t = _tolerance(head[0], head[1], head[3], pop, got, train)
         rows.append(dict(zip(("check", "quantity", "recipe", "loss"), head),

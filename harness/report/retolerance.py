@@ -15,7 +15,6 @@ import math
 import pandas as pd
 
 from harness.calibration import derive, tolerances
-from harness.spec import catalog
 from harness.spec.mesh import parse_mesh
 
 METRICS = ("max_abs", "rel_l2")
@@ -23,8 +22,7 @@ METRICS = ("max_abs", "rel_l2")
 
 def _tolerance(r, measured) -> float:
     """Today's tolerance of row ``r``'s metric for its population (NaN: none)."""
-    loss = catalog.TASK_LOSS[catalog.MODULE_TASKS[r.module]] \
-        if r.module in catalog.MODULE_TASKS else "cross_entropy"  # a scenario's own model
+    loss = derive.loss_of(r.module) or "cross_entropy"  # a scenario's own model
     where = tolerances.Population(r.backend, r.device,
                                   derive.pg_backend(r.device, getattr(r, "pg_backend", None)),
                                   parse_mesh(r.mesh).world_size, r.module)
