@@ -22,7 +22,8 @@ def sized(tmp_path_factory):
     root = tmp_path_factory.mktemp("sized")
     with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
                    root / "ckpt") as sched:
-        return {(c.recipe, c.ax["fault"]): sched.result(c) for c in cases}
+        return {(c.recipe, c.ax["fault"]) + ((c.ax["mesh"],) if c.ax["mesh"] != "dp2" else ()):
+                sched.result(c) for c in cases}
 
 
 def _rows(res, check, quantity):
@@ -115,7 +116,7 @@ def test_a_dropped_optimizer_state_fails_the_reshard_next_step(sized, recipe):
 # fp32_parity passes it on bf16 (params rel-L2 0.00781, the clean case's too) and current
 # (0.0852, the clean case's too); sharding_invariance, bitwise, fails it (bf16 params rel-L2
 # 1.2e-4, current 3.6e-3).
-@pytest.mark.parametrize("recipe", ["fp32", "bf16", "current", "delayed"])
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_a_distributed_only_bug_fails_sharding_invariance(sized, recipe):
     clean, res = sized[(recipe, "none")], sized[(recipe, "grads_bf16")]
     assert res.status == "ok", res.errors
@@ -131,10 +132,19 @@ def test_a_distributed_only_bug_fails_sharding_invariance(sized, recipe):
     assert not _fails(res, "dcp_roundtrip", "next_params")  # the loaded run has the bug too
 
 
-@pytest.mark.parametrize("recipe, why", [("block", "block formats"), ("mxfp8", "block formats"),
-                                         ("nvfp4", "block formats")])
-def test_sharding_invariance_says_why_it_does_not_run(sized, recipe, why):
-    res = sized[(recipe, "grads_bf16")]
-    cov = [r for r in res.rows if r["check"] == "sharding_invariance" and r["metric"] == "coverage"]
-    assert cov and cov[0]["outcome"] == "not_run", cov
-    assert "one-rank twin" in cov[0]["detail"] and why in cov[0]["detail"], cov[0]["detail"]
+# 4 data-parallel slices (hsdp2x2): the twin accumulates them in another order than the
+# reduce-scatter / all-reduce, so the check takes its tolerance calibrated from that
+# reduction-order noise (scenarios/calibration_invariance.yaml), which the bug exceeds on every
+# recipe but current scaling: its 4-slice noise has a tail as large as the bug (a flipped FP8
+# rounding grows over the steps: params rel-L2 up to 1.9e-3 on LayerNormMLP, 3.2e-3 on
+# LlamaStack, where the bug measures 3.2e-3). The first-step gradients cannot show the bug:
+# they are taken before the rounded gradients reach the optimizer.
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_distributed_only_bug_fails_calibrated_invariance(sized, recipe):
+    clean, res = sized[(recipe, "none", "hsdp2x2")], sized[(recipe, "grads_bf16", "hsdp2x2")]
+    assert clean.passed, [(r["check"], r["quantity"], r["detail"]) for r in clean.failed_rows]
+    rows = _rows(res, "sharding_invariance", "params")
+    assert rows["rel_l2"]["tolerance"] > 0, rows  # calibrated, not bitwise
+    print(f"SIZED {recipe} hsdp2x2 grads_bf16: sharding_invariance params rel-L2 "
+          f"{rows['rel_l2']['value']:.3g} vs tolerance {rows['rel_l2']['tolerance']:.3g}")
+    assert _fails(res, "sharding_invariance", "params") is (recipe != "current"), rows

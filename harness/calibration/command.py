@@ -36,11 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_scenario(report_dir: Path) -> None:
-    for backend in ("reference", "torch"):
-        argv = [sys.executable, "-m", "pytest", "--scenario", "calibration", "--backend",
-                backend, "--report-dir", str(report_dir), "-q", "-p", "no:cacheprovider"]
-        print("running:", " ".join(argv), flush=True)
-        subprocess.run(argv, check=False, timeout=3600)
+    for scenario in derive.SCENARIOS:
+        for backend in ("reference", "torch"):
+            argv = [sys.executable, "-m", "pytest", "--scenario", scenario, "--backend",
+                    backend, "--report-dir", str(report_dir), "-q", "-p", "no:cacheprovider"]
+            print("running:", " ".join(argv), flush=True)
+            subprocess.run(argv, check=False, timeout=3600)
 
 
 def _frames(dirs: list[Path]) -> pd.DataFrame:
@@ -52,7 +53,7 @@ def _frames(dirs: list[Path]) -> pd.DataFrame:
             except Exception as e:  # noqa: BLE001 - a broken file is skipped with a reason
                 print(f"skipped {f}: {e}", file=sys.stderr)
                 continue
-            if "scenario" in df and (df["scenario"] == "calibration").any():
+            if "scenario" in df and df["scenario"].isin(derive.SCENARIOS).any():
                 frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

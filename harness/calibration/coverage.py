@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harness.calibration import tolerances
-from harness.calibration.derive import CALIBRATED
+from harness.calibration import tolerances, twin
+from harness.calibration.derive import CALIBRATED, SCENARIOS
 from harness.spec import catalog
 from harness.spec.matrix import expand
 from harness.spec.base import ScenarioError
@@ -20,14 +20,16 @@ from harness.spec.scenario import load_scenario
 # where the shipped scenarios run: CPU (gloo), one GPU with shared ranks (gloo), NCCL
 TARGETS = (("torch", "cpu", "gloo"), ("reference", "cpu", "gloo"), ("te", "cuda", "gloo"),
            ("te", "cuda", "nccl"))
-NOT_A_MATRIX = ("calibration", "xfails")  # the calibration itself; the registry
+NOT_A_MATRIX = (*SCENARIOS, "xfails")  # the calibration itself; the registry
 
 
-def _quantities(case) -> list[tuple[str, str]]:
+def _quantities(case, backend: str, device: str) -> list[tuple[str, str]]:
     out = []
     for check, quantity in sorted(CALIBRATED):
         if check not in case.checks or (check == "reshard" and case.target is None):
             continue
+        if check == twin.CHECK and not twin.calibrated(case, backend, device):
+            continue  # bitwise, or no twin stands for it
         if quantity == "stored_params" and case.recipe in ("fp32", "bf16"):
             continue  # only quantized recipes store quantized weights
         out.append((check, quantity))
@@ -51,7 +53,7 @@ def uncovered(scenario_dir: Path, measured: dict | None = None,
                 loss = catalog.TASK_LOSS[case.task]
                 where = tolerances.Population(backend, device, pg, case.mesh.world_size,
                                               case.ax.get("module", ""))
-                for check, quantity in _quantities(case):
+                for check, quantity in _quantities(case, backend, device):
                     try:
                         tolerances.lookup(check, quantity, case.recipe, case.tolerances,
                                           case.train, measured=measured, loss=loss, where=where)

@@ -23,13 +23,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harness.calibration import twin
 from harness.spec import catalog
 from harness.spec.mesh import parse_mesh
 
+SCENARIOS = ("calibration", "calibration_invariance")  # the scenarios measured here
 CALIBRATED = {("fp32_parity", "loss"), ("fp32_parity", "grads"), ("fp32_parity", "params"),
               ("fp32_parity", "stored_params"), ("fp32_parity", "update_norms"),
               ("reshard", "next_loss"),
-              ("reshard", "next_params")}
+              ("reshard", "next_params")} | {(twin.CHECK, q) for q in twin.QUANTITIES}
 METRICS = ("max_abs", "rel_l2")
 MIN_N = 10  # fewer samples than this: the population is too small to take a p99 from
 ANY = "*"  # a population column pooled over
@@ -53,7 +55,7 @@ def loss_of(module: str) -> str | None:
 
 
 def measured(df: pd.DataFrame) -> list[dict]:
-    df = df[df["scenario"] == "calibration"]
+    df = df[df["scenario"].isin(SCENARIOS)]
     cov = df[df["metric"] == "coverage"]
     bad = cov["row_outcome"].isin(["xfailed", "not_run"])
     excluded = set(zip(cov.loc[bad, "case_id"], cov.loc[bad, "check"]))

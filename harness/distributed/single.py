@@ -6,8 +6,9 @@ no other rank takes part). Each step runs every data-parallel rank's slice of th
 as a micro-batch -- its own forward, its own loss (that rank's local mean), its own backward, so
 every activation and gradient is quantized as that rank quantizes it -- accumulates the
 gradients and divides them by the number of slices, as FSDP2's reduce-scatter averages them.
-What is left to differ from the sharded run is the order of that reduction: over two slices
-``a + b`` either way, so the twin is bit-exact there (measured, checks/invariance.py).
+What is left to differ from the sharded run is the order of the reductions: over two slices
+without TP ``a + b`` either way, so the twin is bit-exact there (measured,
+calibration/twin.py); elsewhere the check takes a calibrated tolerance.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     parameter; ``stored`` every parameter as the model computes with it (quantized ones
     dequantized; only where some parameter is quantized); canonical names, as ``Run``."""
     spec = case.mesh
+    # one rank per data-parallel slice (TP ranks of a slice share its batch)
+    slices = {spec.dp_index(r): r for r in reversed(range(spec.world_size))}
     mesh = singleton_mesh(device_type, backend.mesh_names(case))
     model = backend.build(case, mesh, SPEC, case.train.seed, device)
     optim = backend.optimizer(model, case)
@@ -65,7 +68,7 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     for step in range(case.train.steps):
         total = torch.zeros((), dtype=torch.float32)  # as the sharded run's all_reduce sums
         with backend.one_update_per_step(case) as held:  # amax histories: once per step
-            for rank in range(spec.world_size):
+            for _, rank in sorted(slices.items()):
                 held.next_slice()
                 x, y = data.local_batch(case.task, case.model, case.train.seed, step, spec,
                                         rank, device)
@@ -76,13 +79,13 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
                 total += loss.detach().to("cpu", torch.float32)
         for p in model.parameters():
             if p.grad is not None:
-                p.grad.div_(spec.world_size)
+                p.grad.div_(len(slices))
         if step == 0:
             grads = {names.get(n, n): _whole(p.grad) for n, p in model.named_parameters()
                      if p.grad is not None}
         optim.step()
         optim.zero_grad(set_to_none=True)
-        losses.append(float(total) / spec.world_size)
+        losses.append(float(total) / len(slices))
     params, stored, quantized = {}, {}, False
     for n, p in model.named_parameters():
         master = optim.state.get(p, {}).get("master_param") if _quantized(p) else None

@@ -92,11 +92,15 @@ class FSDPQuantizedTensor(QuantizedTensor):
         gathered = tuple(n for n in names if self._codec.factors[n] is not None)
         scalars = {n: self._parts[n] for n in names if self._codec.factors[n] is None}
         inputs = tuple(self._parts[n].contiguous() for n in gathered)
-        return inputs, (gathered, scalars, tuple(orig_size), self._quantizer)
+        layout = None
+        if mesh.size() == 1 and len(inputs) > 1:  # torch's one-rank path copies input 0 only
+            inputs, layout = _pack(inputs)
+        return inputs, (gathered, scalars, tuple(orig_size), self._quantizer, layout)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
-        names, scalars, orig_size, quantizer = metadata
-        parts = dict(zip(names, all_gather_outputs))
+        names, scalars, orig_size, quantizer, layout = metadata
+        gathered = _unpack(all_gather_outputs[0], layout) if layout else all_gather_outputs
+        parts = dict(zip(names, gathered))
         parts.update(scalars)
         if out is not None:  # backward re-gather: refill the tensor autograd saved
             target = out._local_tensor if isinstance(out, DTensor) else out
@@ -105,6 +109,36 @@ class FSDPQuantizedTensor(QuantizedTensor):
             return
         t = FSDPQuantizedTensor(orig_size, self.dtype, self._codec, parts, quantizer)
         return t, tuple(all_gather_outputs)
+
+
+_ALIGN = 16  # bytes: every packed part starts where any dtype may view it
+
+
+def _pack(inputs: tuple) -> tuple[tuple, tuple]:
+    """All of a parameter's parts as ONE uint8 buffer, and where each lies in it. FSDP2 on a
+    one-rank shard mesh (the sharding-invariance twin, an HSDP mesh of shard size 1) does no
+    all-gather: it copies the first all-gather input into the unsharded buffer and hands only
+    that to ``fsdp_post_all_gather`` -- the other parts (a blocked format's scales, MXFP8 /
+    NVFP4's columnwise copy) would be lost (TE 2.20's block tensors fail there: "not enough
+    values to unpack", scenarios/xfails.yaml)."""
+    layout, offset = [], 0
+    for t in inputs:
+        layout.append((offset, t.dtype, tuple(t.shape)))
+        offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+    buf = torch.zeros(offset, dtype=torch.uint8, device=inputs[0].device)
+    for (start, _, _), t in zip(layout, inputs):
+        raw = t.reshape(-1).view(torch.uint8)
+        buf[start:start + raw.numel()] = raw
+    return (buf,), tuple(layout)
+
+
+def _unpack(buf: torch.Tensor, layout: tuple) -> tuple:
+    """The parts of ``_pack``'s buffer as views of it (FSDP2 frees the buffer on reshard)."""
+    out = []
+    for start, dtype, shape in layout:
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        out.append(buf[start:start + n].view(dtype).view(shape))
+    return tuple(out)
 
 
 def make(shape, dtype, codec, parts, quantizer=None) -> QuantizedTensor:

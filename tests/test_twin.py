@@ -1,0 +1,88 @@
+"""Where the one-rank twin stands for a case and how sharding_invariance judges it
+(harness/calibration/twin.py), the one-rank FSDP2 all-gather of multi-part quantized tensors
+the twin of a block format needs (reference/qtensor.py), and coverage's view of both."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.calibration import twin
+from harness.reference.qtensor import _pack, _unpack
+from harness.spec.mesh import parse_mesh
+
+RECIPES = ["fp32", "bf16", "delayed", "current", "block", "mxfp8", "nvfp4"]
+
+
+def case(mesh, recipe):
+    return SimpleNamespace(mesh=parse_mesh(mesh), recipe=recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_two_slices_on_cpu_are_bitwise_for_every_recipe(backend, recipe):
+    for mesh in ("dp2", "hsdp2x1"):
+        assert twin.not_applicable(case(mesh, recipe), backend, "cpu") is None
+        assert twin.bitwise(case(mesh, recipe), backend, "cpu")
+        assert not twin.calibrated(case(mesh, recipe), backend, "cpu")
+
+
+@pytest.mark.parametrize("mesh", ["dp4", "hsdp2x2", "dp8"])
+def test_more_slices_take_a_calibrated_tolerance(mesh):
+    c = case(mesh, "current")
+    assert not twin.bitwise(c, "reference", "cpu") and twin.calibrated(c, "reference", "cpu")
+
+
+def test_a_gpu_is_calibrated_even_on_two_slices():
+    assert twin.calibrated(case("dp2", "bf16"), "te", "cuda")
+    assert twin.calibrated(case("dp2", "current"), "te", "cuda")
+
+
+@pytest.mark.parametrize("recipe, calibrated", [("fp32", True), ("delayed", True),
+                                                ("block", True), ("mxfp8", True),
+                                                ("bf16", False), ("current", False),
+                                                ("nvfp4", False)])
+def test_tensor_parallel_runs_only_where_the_twin_shares_its_numerics(recipe, calibrated):
+    c = case("dp2xtp2", recipe)
+    assert twin.calibrated(c, "reference", "cpu") is calibrated
+    if not calibrated:
+        why = twin.not_applicable(c, "reference", "cpu")
+        assert "tensor parallelism" in why and "rel-L2" in why, why
+
+
+@pytest.mark.parametrize("recipe, words", [("delayed", "autocast exit"), ("block", "one-rank"),
+                                           ("mxfp8", "one-rank"), ("nvfp4", "one-rank")])
+def test_te_says_why_no_twin_stands(recipe, words):
+    why = twin.not_applicable(case("dp2", recipe), "te", "cuda")
+    assert why and words in why, why
+
+
+def test_one_slice_has_no_twin():
+    assert "one data-parallel slice" in twin.not_applicable(case("dp1", "bf16"), "torch", "cpu")
+
+
+def test_packed_parts_come_back_as_views_of_one_buffer():
+    parts = (torch.arange(7, dtype=torch.uint8).reshape(7, 1),
+             torch.tensor([[1.5, -2.0, 3.25]], dtype=torch.float32),
+             torch.arange(6, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(2, 3))
+    (buf,), layout = _pack(parts)
+    assert buf.dtype == torch.uint8 and buf.dim() == 1
+    assert all(start % 16 == 0 for start, _, _ in layout)
+    out = _unpack(buf, layout)
+    for a, b in zip(parts, out):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert b.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    buf.zero_()  # FSDP2 frees / refills the buffer: the parts follow it
+    assert not out[1].any()
+
+
+def test_coverage_skips_bitwise_and_twinless_cases():
+    from harness.calibration import coverage
+    c = SimpleNamespace(mesh=parse_mesh("dp2"), recipe="current", target=None,
+                        checks=("sharding_invariance",))
+    assert coverage._quantities(c, "reference", "cpu") == []
+    assert coverage._quantities(c, "te", "cuda") == [
+        ("sharding_invariance", q) for q in sorted(twin.QUANTITIES)]
+    c.mesh = parse_mesh("dp2xtp2")
+    assert coverage._quantities(c, "reference", "cpu") == []
