@@ -32,10 +32,12 @@ import functools
 
 import torch
 
+from harness.backends import te_init_scales
 from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
 from harness.spec import catalog
+from harness.spec.mesh import SHARD
 
 RECIPE_CLASS = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
                 "block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling",
@@ -50,6 +52,7 @@ WORKAROUNDS = {  # keys: catalog.TE_WORKAROUNDS
     "init_extra_state": "the initial full state dict keeps TE's _extra_state entries: without "
                         "them torch's set_model_state_dict hands TE's set_extra_state a "
                         "placeholder it rejects ('Unsupported checkpoint format.')",
+    te_init_scales.NAME: te_init_scales.WHY,
 }
 
 
@@ -164,6 +167,8 @@ class TEBackend(TorchBackend):
             full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
         if mesh_spec.tp > 1:  # plain TP shards (port piece dtensor_params off) take their slice
             full = _tp_local_full(model, full, mesh, mesh_spec)
+        if te_init_scales.NAME in self.applied_workarounds(case):
+            te_init_scales.apply(model, (self.mesh_names(case) or {}).get(SHARD, SHARD))
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
         return model
 

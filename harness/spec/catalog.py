@@ -188,7 +188,7 @@ MUTATIONS = {
 
 # Workarounds of TE bugs the te backend applies (harness/backends/te_backend.py WORKAROUNDS);
 # scenario te_workarounds runs without each one (axis ``without``) so its failure stays measured.
-TE_WORKAROUNDS = ("hsdp_mesh_dim_names", "init_extra_state")
+TE_WORKAROUNDS = ("hsdp_mesh_dim_names", "init_extra_state", "current_scale_group")
 
 
 # Extra axes a scenario may add after the core ones: name -> (what it switches, its values;
