@@ -133,11 +133,6 @@ class TEBackend(TorchBackend):
             return self.make(case, str(device), seed=seed)
 
     def build(self, case, mesh, mesh_spec, seed: int, device):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
-
         from harness.distributed import parallel
         te, _, _ = _import()
         with te.quantized_model_init(enabled=self.quantized(case), recipe=self.recipe(case)):
@@ -163,13 +158,9 @@ class TEBackend(TorchBackend):
         materialize(model, device)
         parallel.retie(model, ties)  # TE's reset_parameters may re-register a tied alias
         full = self.reference_model(case, seed, device).state_dict()
-        if "init_extra_state" not in self.applied_workarounds(case):
-            full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
         if mesh_spec.tp > 1:  # plain TP shards (port piece dtensor_params off) take their slice
             full = _tp_local_full(model, full, mesh, mesh_spec)
-        if te_init_scales.NAME in self.applied_workarounds(case):
-            te_init_scales.apply(model, (self.mesh_names(case) or {}).get(SHARD, SHARD))
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+        _load_initial(model, full, self.applied_workarounds(case), self.mesh_names(case))
         return model
 
     def optimizer(self, model, case):
@@ -231,6 +222,17 @@ def _port_patches(case):
     from harness.backends.te_tp.port import class_patches
     port = _tp(case) > 1 and _tp_support(_import()[0]) == BUNDLED
     return class_patches() if port else contextlib.nullcontext()
+
+
+def _load_initial(model, full: dict, applied: dict, names: dict | None) -> None:
+    """The reference's weights into the built model, with the workarounds ``applied`` (TE's
+    ``_extra_state`` entries kept; current-scaling shards given their amax group first)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    if "init_extra_state" not in applied:
+        full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
+    if te_init_scales.NAME in applied:
+        te_init_scales.apply(model, (names or {}).get(SHARD, SHARD))
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
 
 
 def _tp_local_full(model, full: dict, mesh, mesh_spec) -> dict:
