@@ -54,12 +54,13 @@ def after_build(case, run) -> None:
     -- a quantized weight's scale_inv doubled (re-quantized at 2x), a plain weight doubled.
     Sized bug ``frozen_weights``: the optimizer skips every weight matrix (their gradients are
     dropped right before each step, after the first step's were captured).
-    Sized bug ``grads_bf16``, distributed-only: the reduced gradients are rounded to bf16 before
-    each step (what a gradient reduction in bf16 does to a policy's fp32 gradients)."""
+    Sized bug ``grads_bf16``, distributed-only: the reduced gradients are rounded to bf16 right
+    after each backward, as a gradient reduction in bf16 leaves a policy's fp32 gradients --
+    before anything reads them (the first-step gradients the checks compare, the step)."""
     if fault_of(case) == "frozen_weights":
         _freeze_weights(run.optim)
     if fault_of(case) == "grads_bf16":
-        _round_grads(run.optim, torch.bfloat16)
+        run.after_backward.append(_round_grads_bf16)
     if fault_of(case) != "wrong_scale":
         return
     for _, p in run.model.named_parameters():
@@ -83,7 +84,7 @@ def after_load(case, run, rank: int) -> None:
     if fault_of(case) == "drop_exp_avg":
         _zero_exp_avg(run.optim)
     if fault_of(case) == "grads_bf16":  # the loaded run has the same distributed path
-        _round_grads(run.optim, torch.bfloat16)
+        run.after_backward.append(_round_grads_bf16)
     if fault_of(case) != "perturb_loaded" or rank != 0:
         return
     p = next(iter(model.parameters()))
@@ -112,13 +113,12 @@ def _freeze_weights(optim) -> None:
     _before_each_step(optim, drop_weight_grads)
 
 
-def _round_grads(optim, dtype) -> None:
-    def round_grads(params):
-        for p in params:
-            if p.grad is not None:
-                g = getattr(p.grad, "_local_tensor", p.grad)
-                g.copy_(g.to(dtype).to(g.dtype))
-    _before_each_step(optim, round_grads)
+@torch.no_grad()
+def _round_grads_bf16(model) -> None:
+    for p in model.parameters():
+        if p.grad is not None:
+            g = getattr(p.grad, "_local_tensor", p.grad)
+            g.copy_(g.to(torch.bfloat16).to(g.dtype))
 
 
 def _drop_columnwise(model) -> None:

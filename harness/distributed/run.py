@@ -95,6 +95,7 @@ class Run:
         self.mesh = ctx.mesh(mesh_spec, self.backend.mesh_names(case))
         self.model = self.backend.build(case, self.mesh, mesh_spec, seed, ctx.device)
         self.optim = self.backend.optimizer(self.model, case)
+        self.after_backward: list = []  # f(model) after each backward, before grads are read
 
     def step(self, step: int, capture_grads: bool = False):
         """One training step on this rank's slice of global batch ``step``.
@@ -106,6 +107,8 @@ class Run:
             out = self.model(x)
         loss = data.TASKS[c.task].loss(out, y)
         loss.backward()
+        for hook in self.after_backward:
+            hook(self.model)
         grads = self._canonical(flatten({n: p.grad for n, p in self.model.named_parameters()},
                                         raw=False)) if capture_grads else None
         self.optim.step()

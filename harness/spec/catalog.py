@@ -144,7 +144,7 @@ FAULTS = {
     "drop_exp_avg": "the loaded optimizer's largest exp_avg is zeroed",
     "frozen_weights": "the optimizer never updates the weight matrices (what TE FusedAdam "
     "without master weights does to DelayedScaling FP8 weights)",
-    "grads_bf16": "the reduced gradients are rounded to bf16 before each step (a gradient "
+    "grads_bf16": "the reduced gradients are rounded to bf16 after each backward (a gradient "
     "reduction in a lower precision than the policy's: distributed-only)",
     "diverge_replica": "after training, the last rank's copy of a replicated parameter differs",
     "export_nan": "the safetensors export writes NaN into one exported tensor",
