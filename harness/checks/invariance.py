@@ -24,11 +24,6 @@ from harness.checks.parity import losses, tol
 NAME = twin.CHECK
 
 
-def not_applicable(case, backend: str, device: str) -> str | None:
-    """Why no twin stands for ``case`` (None: one does)."""
-    return twin.not_applicable(case, backend, device)
-
-
 def sharding_invariance(art, rec) -> None:
     t, s = art["trained"], art["single_rank"]
     bitwise = twin.bitwise(art.case, art.ctx.backend.name, art.ctx.device_type)

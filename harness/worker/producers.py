@@ -141,8 +141,8 @@ def reference(art) -> dict:
 def single_rank(art) -> dict:
     """The one-rank twin (distributed/single.py), computed by rank 0 once per run for
     everything that determines it, like the FP32 reference; not run where it cannot stand
-    for the case bit for bit (checks/invariance.py says why)."""
-    from harness.checks.invariance import not_applicable
+    for the case (calibration/twin.py says why)."""
+    from harness.calibration.twin import not_applicable
     from harness.distributed.single import single_rank_run
     from harness.worker import reference_cache
     case, ctx = art.case, art.ctx
