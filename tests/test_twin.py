@@ -86,3 +86,12 @@ def test_coverage_skips_bitwise_and_twinless_cases():
         ("sharding_invariance", q) for q in sorted(twin.QUANTITIES)]
     c.mesh = parse_mesh("dp2xtp2")
     assert coverage._quantities(c, "reference", "cpu") == []
+
+
+@pytest.mark.parametrize("check, scenario", [("fp32_parity", "calibration.yaml"),
+                                             ("sharding_invariance", "calibration_invariance.yaml")])
+def test_a_missing_tolerance_names_the_scenario_that_measures_it(check, scenario):
+    from harness.calibration import tolerances
+    where = tolerances.Population("reference", "cuda", "gloo", 2, "LayerNormMLP")  # none there
+    with pytest.raises(tolerances.MissingTolerance, match=f"scenarios/{scenario}"):
+        tolerances.lookup(check, "params", "bf16", where=where)

@@ -37,7 +37,6 @@ from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
 from harness.spec import catalog
-from harness.spec.mesh import SHARD
 
 RECIPE_CLASS = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
                 "block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling",
@@ -231,7 +230,7 @@ def _load_initial(model, full: dict, applied: dict, names: dict | None) -> None:
     if "init_extra_state" not in applied:
         full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
     if te_init_scales.NAME in applied:
-        te_init_scales.apply(model, (names or {}).get(SHARD, SHARD))
+        te_init_scales.apply(model, names)
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
 
 

@@ -17,15 +17,19 @@ from __future__ import annotations
 
 from torch.distributed.tensor import DTensor
 
+from harness.spec.mesh import SHARD, TP
+
 NAME = "current_scale_group"
 WHY = ("current-scaling weight shards get their tensor-level amax group (the FSDP shard group) "
        "right after the build: before the first all-gather sets it, TE quantizes values copied "
        "into a shard (the initial weights, a checkpoint load) with the shard's own amax")
 
 
-def apply(model, shard_dim: str) -> int:
+def apply(model, names: dict | None = None) -> int:
     """Set the FSDP shard group on each current-scaling weight shard that has none; returns
-    how many it set. ``shard_dim``: the mesh dim name of the FSDP shard dim."""
+    how many it set. ``names``: the backend's mesh dim names (``mesh_names``; None: the
+    harness's own)."""
+    shard_dim, tp_dim = ((names or {}).get(d, d) for d in (SHARD, TP))
     n = 0
     for p in model.parameters():
         if not isinstance(p, DTensor):
@@ -39,7 +43,7 @@ def apply(model, shard_dim: str) -> int:
         names = mesh.mesh_dim_names or ()
         if mesh.ndim == 1:
             group = mesh.get_group()
-        elif shard_dim in names and len(names) == 2 and "tp" not in names:
+        elif shard_dim in names and len(names) == 2 and tp_dim not in names:
             group = mesh.get_group(shard_dim)
         else:
             continue  # tensor parallel: the port's weight group

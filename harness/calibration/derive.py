@@ -27,7 +27,7 @@ from harness.calibration import twin
 from harness.spec import catalog
 from harness.spec.mesh import parse_mesh
 
-SCENARIOS = ("calibration", "calibration_invariance")  # the scenarios measured here
+SCENARIOS = ("calibration", twin.SCENARIO)  # the scenarios measured here
 CALIBRATED = {("fp32_parity", "loss"), ("fp32_parity", "grads"), ("fp32_parity", "params"),
               ("fp32_parity", "stored_params"), ("fp32_parity", "update_norms"),
               ("reshard", "next_loss"),

@@ -32,6 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from harness import calibration
+from harness.calibration import twin
 from harness.calibration.derive import ANY, LEVELS, MIN_N, POPULATION
 
 # measured p99 -> tolerance. 2 (was 3 over pooled populations): with each population's own
@@ -114,10 +115,11 @@ def _measurement(m: dict, head: tuple, where: Population) -> tuple[tuple, dict]:
         if n >= MIN_N:
             return pop, rows
         tried.append(f"{describe(pop)}: n={n}")
+    scenario = twin.SCENARIO if head[0] == twin.CHECK else "calibration"
     raise MissingTolerance(
         f"no calibrated tolerance for check={head[0]} quantity={head[1]} recipe={head[2]} "
         f"loss={head[3]} with >= {MIN_N} passing samples ({'; '.join(tried)}): add the case "
-        f"to scenarios/calibration.yaml and run `python -m harness calibrate` on this "
+        f"to scenarios/{scenario}.yaml and run `python -m harness calibrate` on this "
         f"hardware (or give the scenario a `tolerances` entry with its reason)")
 
 

@@ -15,6 +15,7 @@ the FP32 reference's, which must absorb the recipe's whole quantization error.
 from __future__ import annotations
 
 CHECK = "sharding_invariance"
+SCENARIO = "calibration_invariance"  # where its tolerances are measured
 QUANTITIES = ("loss", "grads", "params", "stored_params")
 BITWISE_ON = (("torch", "cpu"), ("reference", "cpu"))
 BLOCK_FORMATS = ("block", "mxfp8", "nvfp4")

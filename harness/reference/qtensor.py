@@ -136,7 +136,7 @@ def _unpack(buf: torch.Tensor, layout: tuple) -> tuple:
     """The parts of ``_pack``'s buffer as views of it (FSDP2 frees the buffer on reshard)."""
     out = []
     for start, dtype, shape in layout:
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        n = torch.Size(shape).numel() * dtype.itemsize
         out.append(buf[start:start + n].view(dtype).view(shape))
     return tuple(out)
 
