@@ -42,13 +42,13 @@ def test_a_bound_that_a_recorded_case_exceeds_changes_its_verdict(tmp_path):
                                                                               "small")}}
 
 
-def _compare(case_id, value, tol, outcome, backend="torch", module="LayerNormMLP"):
+def _compare(case_id, value, tol, outcome, backend="torch", module="LayerNormMLP", loss=None):
     base = dict(run_id="r2", case_id=case_id, scenario="s", backend=backend, device="cpu",
                 axes=json.dumps({"recipe": "bf16", "mesh": "dp2"}), recipe="bf16", mesh="dp2",
                 module=module, case_outcome="passed" if outcome == "pass" else "failed",
                 case_status="ok", te_version=None, torch_version="2.11", phase="train",
                 check="fp32_parity", quantity="params", tolerance=tol, row_outcome=outcome,
-                detail="")
+                detail="", **({"loss": loss} if loss is not None else {}))
     return [dict(base, metric="max_abs", value=value), dict(base, metric="rel_l2", value=value)]
 
 
@@ -64,10 +64,32 @@ def test_today_s_tolerances_rejudge_numbers_only_comparisons():
     rows = pd.DataFrame(_compare("tighter", 0.03, 0.07, "pass")
                         + _compare("wider", 0.015, 0.01, "fail")
                         + _compare("structural", 0.001, 0.07, "fail")
-                        + _compare("nowhere", 0.001, 0.07, "pass", module="Other"))
+                        + _compare("nowhere", 0.001, 0.07, "pass", module="Other", loss="mse"))
     new, changed = retolerance.apply(rows, measured)
     got = new.groupby("case_id")["row_outcome"].agg(set).to_dict()
     assert got == {"tighter": {"fail"}, "wider": {"pass"}, "structural": {"fail"},
                    "nowhere": {"fail"}}
     assert changed == 3
     assert set(new.loc[new["case_id"] == "wider", "tolerance"]) == {0.02}
+
+
+def test_a_scenario_s_own_model_is_judged_by_the_loss_it_trained_with():
+    """--tolerances: the population of a row is that of its recorded loss (a scenario's own
+    regression model: mse, not the next-token models' cross-entropy); an older row of such a
+    model, with no loss recorded, keeps its recorded tolerance and outcome."""
+    from harness.report import retolerance
+    pop = ("torch", "cpu", "gloo", "*", "*")
+    measured = {("fp32_parity", "params", "bf16", loss) + pop + (m,): dict(n=10, p99=p99, max=p99)
+                for loss, p99 in (("mse", 0.01), ("cross_entropy", 0.1))
+                for m in ("max_abs", "rel_l2")}
+    rows = pd.DataFrame(_compare("own_mse", 0.05, 0.07, "pass", module="Mine", loss="mse")
+                        + _compare("own_ce", 0.05, 0.07, "pass", module="Mine",
+                                   loss="cross_entropy")
+                        + _compare("own_old", 0.05, 0.07, "pass", module="Mine"))
+    new, changed = retolerance.apply(rows, measured)
+    got = new.groupby("case_id")["row_outcome"].agg(set).to_dict()
+    assert got == {"own_mse": {"fail"}, "own_ce": {"pass"}, "own_old": {"pass"}}
+    assert changed == 1
+    rel = new[new["metric"] == "rel_l2"]
+    tol = rel.groupby("case_id")["tolerance"].agg(set).to_dict()
+    assert tol == {"own_mse": {0.02}, "own_ce": {0.2}, "own_old": {0.07}}

@@ -48,8 +48,12 @@ def pg_backend(device: str, recorded) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
-def loss_of(module: str) -> str | None:
-    """The training loss of a catalog module (``catalog.TASK_LOSS``); None: not the catalog's."""
+def loss_of(module: str, recorded=None) -> str | None:
+    """The training loss of a row: as recorded (the ``loss`` column, since it exists), else
+    that of a catalog module (``catalog.TASK_LOSS``); None: neither (an older row of a
+    scenario's own model)."""
+    if isinstance(recorded, str) and recorded:
+        return recorded
     task = catalog.MODULE_TASKS.get(module)
     return catalog.TASK_LOSS[task] if task is not None else None
 
@@ -68,8 +72,9 @@ def measured(df: pd.DataFrame) -> list[dict]:
     keep = [(c, q) in CALIBRATED and (cid, c) not in excluded and cid not in broken
             for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
     rows = rows[keep]
-    rows = rows.assign(loss=[loss_of(m) for m in rows["module"]])
-    rows = rows[rows["loss"].notna()]  # a module the catalog does not know: no population
+    recorded = rows["loss"] if "loss" in rows else [None] * len(rows)
+    rows = rows.assign(loss=[loss_of(m, r) for m, r in zip(rows["module"], recorded)])
+    rows = rows[rows["loss"].notna()]  # no loss known: no population
     if rows.empty:
         return []
     recorded = rows["pg_backend"] if "pg_backend" in rows else [None] * len(rows)

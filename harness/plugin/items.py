@@ -14,6 +14,7 @@ import pytest
 from harness.launch.scheduler import CaseResult
 from harness.plugin import disk_full
 from harness.plugin.failure_text import CaseFailed, XfailMismatch, one_line
+from harness.spec import catalog
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict_mod
 from harness.verdict import registry
@@ -89,6 +90,7 @@ class CaseItem(pytest.Item):
                    xfail_entries=[e.number for e in self.entries],
                    xfail_reason=" | ".join(e.reason for e in self.entries))
         out["pg_backend"], out["ranks_per_gpu"] = hs.env.placement(self.case)
+        out["loss"] = catalog.TASK_LOSS[self.case.task]  # its tolerances' population
         if res is not None:  # plain data (xdist); the results stage makes the rows of it
             out.update(status=res.status, seconds=res.seconds, rows=res.rows,
                        launches=res.launches, summary=one_line(res))

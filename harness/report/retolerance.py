@@ -5,8 +5,10 @@ recalibration does to runs already made, without making them again (issue 33's b
 
 The population comes from the row (backend, device, process groups -- inferred as
 ``derive.pg_backend`` does where a history predates the column -- the case mesh's world size,
-the module). A scenario's own ``tolerances`` overrides are not in the history: a row of such a
-scenario is judged by the calibration like any other."""
+the module) and the loss it trained with (recorded; a catalog module's where a row predates the
+column). A scenario's own ``tolerances`` overrides are not in the history: a row of such a
+scenario is judged by the calibration like any other. A row whose loss is not known (an older
+row of a scenario's own model) keeps its recorded tolerance and outcome."""
 
 from __future__ import annotations
 
@@ -20,9 +22,8 @@ from harness.spec.mesh import parse_mesh
 METRICS = ("max_abs", "rel_l2")
 
 
-def _tolerance(r, measured) -> float:
-    """Today's tolerance of row ``r``'s metric for its population (NaN: none)."""
-    loss = derive.loss_of(r.module) or "cross_entropy"  # a scenario's own model
+def _tolerance(r, measured, loss: str) -> float:
+    """Today's tolerance of row ``r``'s metric for its population and ``loss`` (NaN: none)."""
     where = tolerances.Population(r.backend, r.device,
                                   derive.pg_backend(r.device, getattr(r, "pg_backend", None)),
                                   parse_mesh(r.mesh).world_size, r.module)
@@ -55,7 +56,11 @@ def apply(rows: pd.DataFrame, measured: dict | None = None) -> tuple[pd.DataFram
         was_pass = bool((g["row_outcome"] == "pass").all())
         if was_pass != _within(values, [float(t) for t in g["tolerance"]]):
             continue  # not a numbers-only outcome: keep it
-        tols = [_tolerance(r, measured) for r in g.itertuples()]
+        first = g.iloc[0]
+        loss = derive.loss_of(first["module"], first.get("loss"))
+        if loss is None:
+            continue  # not known which loss's population judges it: keep it
+        tols = [_tolerance(r, measured, loss) for r in g.itertuples()]
         now = "pass" if _within(values, tols) else "fail"  # a NaN tolerance fails
         changed += now != ("pass" if was_pass else "fail")
         rows.loc[g.index, "tolerance"] = tols

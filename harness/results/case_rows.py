@@ -28,7 +28,8 @@ def case_rows(info: dict, outcome: str) -> list[dict]:
                 skip_reason=info.get("skip_reason", ""), repro=info.get("repro", ""),
                 # how its ranks ran: nccl (a GPU each), gloo (CPU, or ranks sharing GPUs)
                 pg_backend=info.get("pg_backend", ""),
-                ranks_per_gpu=str(info.get("ranks_per_gpu") or ""))
+                ranks_per_gpu=str(info.get("ranks_per_gpu") or ""),
+                loss=info.get("loss", ""))  # the training loss (calibration populations)
     rows = [dict(base, phase="", check="case", quantity="", metric="duration_s",
                  value=info.get("seconds", 0.0), tolerance=float("nan"), row_outcome=outcome,
                  detail=info.get("summary", ""))]
