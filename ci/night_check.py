@@ -3,8 +3,10 @@
 A nightly job runs each scenario with ``|| status=$?`` so that every scenario runs, then this
 decides: the night fails where a junit file is missing or unreadable (a crashed pytest), where
 any case failed or errored, or where fewer than ``--min-checked`` cases were checked (run and
-not skipped) over all the files -- an all-skip night (no GPU, no TE, a wrong option) checks
-nothing and must not pass as green. Exit 0 / 1, one line per reason.
+not skipped: passed or xfailed -- pytest's junit writes an xfailed case as a ``skipped`` element
+of type ``pytest.xfail``, and a registered failure that failed as recorded was checked) over
+all the files -- an all-skip night (no GPU, no TE, a wrong option) checks nothing and must not
+pass as green. Exit 0 / 1, one line per reason.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ import xml.etree.ElementTree as ET
 
 
 def counts(path: str) -> dict[str, int]:
-    """tests, failures, errors, skipped summed over a junit file's test suites."""
+    """tests, failures, errors, skipped summed over a junit file's test suites, and xfailed:
+    the skipped cases that were expected failures (checked, not skipped)."""
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    return {k: sum(int(s.get(k, 0)) for s in suites)
-            for k in ("tests", "failures", "errors", "skipped")}
+    out = {k: sum(int(s.get(k, 0)) for s in suites)
+           for k in ("tests", "failures", "errors", "skipped")}
+    out["xfailed"] = sum(1 for s in suites for case in s.iter("testcase")
+                         for sk in case.findall("skipped") if sk.get("type") == "pytest.xfail")
+    return out
 
 
 def check(paths: list[str], min_checked: int) -> list[str]:
@@ -32,7 +38,7 @@ def check(paths: list[str], min_checked: int) -> list[str]:
             continue
         if c["failures"] or c["errors"]:
             problems.append(f"{p}: {c['failures']} failed, {c['errors']} errors")
-        checked += c["tests"] - c["skipped"]
+        checked += c["tests"] - c["skipped"] + c["xfailed"]
     if checked < min_checked:
         problems.append(f"only {checked} case(s) checked (run, not skipped) over {len(paths)} "
                         f"file(s); this night expects at least {min_checked}")

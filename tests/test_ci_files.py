@@ -77,9 +77,14 @@ def test_ci_runs_the_model_scenarios_before_the_readme_test_command():
     assert load_scenario(ROOT / "examples" / "my_model" / "my_model.yaml").models
 
 
-def _junit(path, tests, failures=0, errors=0, skipped=0):
+def _junit(path, tests, failures=0, errors=0, skipped=0, xfailed=0):
+    """A junit file as pytest writes it: an xfailed case is a testcase with a ``skipped``
+    element of type pytest.xfail, counted in the suite's skipped."""
+    cases = "".join('<testcase name="x"><skipped type="pytest.xfail" message="entry 1"/>'
+                    "</testcase>" for _ in range(xfailed))
     path.write_text(f'<testsuites><testsuite name="pytest" tests="{tests}" failures="{failures}" '
-                    f'errors="{errors}" skipped="{skipped}"/></testsuites>')
+                    f'errors="{errors}" skipped="{skipped + xfailed}">{cases}</testsuite>'
+                    "</testsuites>")
     return str(path)
 
 
@@ -103,6 +108,10 @@ def test_night_check_fails_a_night_that_checked_too_little(tmp_path):
     rc, out = night(good, _junit(tmp_path / "f.xml", tests=3, failures=1))
     assert rc == 1 and "1 failed, 0 errors" in out
     assert night(good, least=16)[0] == 1  # 15 checked, 16 expected
+    # xfailed cases were checked (failed as registered): 95 passed + 65 xfailed = 160
+    xf = _junit(tmp_path / "xf.xml", tests=870, skipped=710, xfailed=65)
+    assert night(xf, least=160) == (0, "")
+    assert night(xf, least=161)[0] == 1
 
 
 # --- the README's GPU set-up: TransformerEngine's own install first, then the offline bundle ---
