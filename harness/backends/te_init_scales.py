@@ -40,10 +40,10 @@ def apply(model, names: dict | None = None) -> int:
         if getattr(t, "amax_reduction_group", None) is not None:
             continue
         mesh = p.device_mesh
-        names = mesh.mesh_dim_names or ()
+        dims = mesh.mesh_dim_names or ()
         if mesh.ndim == 1:
             group = mesh.get_group()
-        elif shard_dim in names and len(names) == 2 and tp_dim not in names:
+        elif shard_dim in dims and len(dims) == 2 and tp_dim not in dims:
             group = mesh.get_group(shard_dim)
         else:
             continue  # tensor parallel: the port's weight group
