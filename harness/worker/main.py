@@ -80,8 +80,8 @@ PROFILE_VAR = "HARNESS_PROFILE_DIR"  # set: each rank writes a cProfile of its r
 
 
 def _start_profile():
-    """A running cProfile when ``HARNESS_PROFILE_DIR`` is set (python -m harness bench
-    --profile), else None."""
+    """A running cProfile when ``HARNESS_PROFILE_DIR`` is set (e.g. around ``python -m harness
+    bench``), else None."""
     if not os.environ.get(PROFILE_VAR):
         return None
     import cProfile
@@ -280,7 +280,12 @@ def main(argv=None) -> int:
     _write_json(root / "progress" / f"timeline{rank}.json", timeline)
     if profile is not None:
         profile.disable()
-        profile.dump_stats(str(Path(os.environ[PROFILE_VAR]) / f"{root.name}-rank{rank}.prof"))
+        stem = Path(os.environ[PROFILE_VAR]) / f"{root.name}-rank{rank}"
+        profile.dump_stats(f"{stem}.prof")
+        import resource  # the rank's CPU seconds (all its threads), beside its wall clock profile
+        use = resource.getrusage(resource.RUSAGE_SELF)
+        _write_json(Path(f"{stem}.cpu.json"), dict(user_s=use.ru_utime, sys_s=use.ru_stime,
+                                                   wall_s=time.time() - _T_MAIN))
     # Everything is written: skip the interpreter's teardown (seconds of module and thread
     # clean-up per rank at every launch's end). The stager process exits when our end of its
     # pipe closes; the launcher kills whatever of the launch is left anyway.
