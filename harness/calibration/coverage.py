@@ -51,8 +51,7 @@ def uncovered(scenario_dir: Path, measured: dict | None = None,
                 continue
             for case in cases:
                 loss = catalog.TASK_LOSS[case.task]
-                where = tolerances.Population(backend, device, pg, case.mesh.world_size,
-                                              case.ax.get("module", ""))
+                where = tolerances.Population.of_case(case, device, pg)
                 for check, quantity in _quantities(case, backend, device):
                     try:
                         tolerances.lookup(check, quantity, case.recipe, case.tolerances,

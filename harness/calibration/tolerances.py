@@ -86,6 +86,13 @@ class Population:
     world_size: int
     module: str
 
+    @classmethod
+    def of_case(cls, case, device: str, pg_backend: str) -> "Population":
+        """The population ``case`` runs in on ``device`` over ``pg_backend`` (the parity checks
+        ask it for the live run, the coverage report for each target it plans for)."""
+        return cls(case.backend, device, pg_backend, case.mesh.world_size,
+                   case.ax.get("module", ""))
+
     def key(self, kept: tuple[str, ...]) -> tuple[str, ...]:
         fixed = ("backend", "device", "pg_backend") + kept
         return tuple(str(getattr(self, c)) if c in fixed else ANY for c in POPULATION)

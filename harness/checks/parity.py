@@ -35,8 +35,7 @@ def population(art) -> tolerances.Population:
     import torch.distributed as dist
     case = art.case
     pg = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
-    return tolerances.Population(case.backend, art.ctx.device_type, pg, case.mesh.world_size,
-                                 case.ax.get("module", ""))
+    return tolerances.Population.of_case(case, art.ctx.device_type, pg)
 
 
 def tol(art, check, quantity):
