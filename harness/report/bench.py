@@ -13,7 +13,10 @@ reads that run's history and launch records and prints:
   union of the launches' task intervals against the wall);
 * seconds per producer and check (summed over cases, the slowest rank each), total and per
   case;
-* the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs.
+* the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs;
+* the host's CPUs' busy share (``/proc/stat``, where there is one): the mean over the run and
+  one value every 2 s -- whether the cores were the limit, and when (the whole TE matrix on one
+  GPU: 90-100% while its 4- and 8-rank launches run, reports/bench/README.md).
 
 ``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it.
 """
@@ -44,34 +47,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after --: the pytest arguments (e.g. --scenario smoke)")
 
 
-class GpuSampler:
-    """Mean GPU utilization over the run from nvidia-smi (None without GPUs)."""
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) jiffies of all the host's CPUs since boot (idle and iowait are not busy);
+    None where there is no such file."""
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
-    def __init__(self, period_s: float = 0.5):
+
+def busy_between(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
+    """The CPUs' busy share between two :func:`cpu_times` readings."""
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
+class UsageSampler:
+    """The GPUs' mean utilization over the run from nvidia-smi (None without GPUs), and the host's
+    CPU busy share from ``/proc/stat`` (None without one): the mean and every ``cpu_every_s``."""
+
+    def __init__(self, period_s: float = 0.5, cpu_every_s: float = 2.0, stat: str = "/proc/stat"):
         self.period_s, self.samples, self._stop = period_s, [], threading.Event()
         self.available = shutil.which("nvidia-smi") is not None
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self.stat, self.cpu_every_s = stat, cpu_every_s
+        self.cpu_timeline: list[tuple[float, float]] = []  # (seconds in, busy share since last)
+        self._cpu0 = self._cpu_last = None
+        self._t0 = self._t_last = 0.0
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
-                                      "--format=csv,noheader,nounits"], capture_output=True,
-                                     text=True, timeout=5).stdout
-                self.samples.append([float(x) for x in out.split()])
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
+            if self.available:
+                try:
+                    out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
+                                          "--format=csv,noheader,nounits"], capture_output=True,
+                                         text=True, timeout=5).stdout
+                    self.samples.append([float(x) for x in out.split()])
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    pass
+            if time.monotonic() - self._t_last >= self.cpu_every_s:
+                self._cpu_sample()
             self._stop.wait(self.period_s)
 
+    def _cpu_sample(self) -> None:
+        now, t = cpu_times(self.stat), time.monotonic()
+        share = busy_between(self._cpu_last, now)
+        if share is not None:
+            self.cpu_timeline.append((round(t - self._t0, 1), round(share, 3)))
+        self._cpu_last, self._t_last = now, t
+
     def __enter__(self):
-        if self.available:
-            self._thread.start()
+        self._cpu0 = self._cpu_last = cpu_times(self.stat)
+        self._t0 = self._t_last = time.monotonic()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        if self.available:
-            self._thread.join(timeout=10)
+        self._thread.join(timeout=10)
+        self._cpu_sample()
+
+    def cpu_busy_share(self) -> float | None:
+        """The host's CPUs' busy share over the whole run."""
+        return busy_between(self._cpu0, self._cpu_last)
 
     def busy_share(self) -> float | None:
         vals = [v for s in self.samples for v in s]
@@ -82,7 +126,7 @@ class GpuSampler:
 
 
 def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
-              busy: float | None, t0: float | None = None) -> dict:
+              busy: float | None, t0: float | None = None, cpu: UsageSampler | None = None) -> dict:
     cases = df[(df["check"] == "case") & (df["metric"] == "duration_s")]
     outcomes = cases["case_outcome"].value_counts().to_dict()
     checked = sum(outcomes.get(o, 0) for o in ("passed", "xfailed", "failed"))
@@ -106,6 +150,8 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
         launches=len(launches), launch_phases_s=phases, session_s=session,
         launch_overhead_share=max(0.0, 1 - busy_wall / wall) if wall else None,
         gpu_busy_share=busy,
+        cpu_busy_share=cpu.cpu_busy_share() if cpu else None,
+        cpu_busy_timeline=cpu.cpu_timeline if cpu else [],
         units=[dict(phase=ph, unit=u, total_s=round(r["sum"], 3), per_case_s=round(r["sum"] / n, 4),
                     count=int(r["count"])) for (ph, u), r in units.iterrows()],
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
@@ -121,6 +167,11 @@ def render(label: str, s: dict) -> str:
                      f"{s['gpu_busy_share']:.0%}" if s["gpu_busy_share"] is not None else "")
     lines.append(f"  checked cases per minute: {s['checked_per_minute']:.1f}; launch overhead "
                  f"(no task running): {s['launch_overhead_share']:.0%} of wall")
+    if s.get("cpu_busy_share") is not None:
+        shares = [v for _, v in s["cpu_busy_timeline"]]
+        lines.append(f"  host CPUs busy: {s['cpu_busy_share']:.0%} of {s['cpu_count']} over the "
+                     f"run; at least 90% in {sum(v >= 0.9 for v in shares)} of {len(shares)} "
+                     f"samples")
     if s.get("session_s"):
         lines.append("  pytest alone (s): " + ", ".join(f"{k} {v:.1f}"
                                                       for k, v in s["session_s"].items()))
@@ -144,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider"]
         if not given:
             argv[3:3] = ["--report-dir", tmp]
-        with GpuSampler() as sampler:
+        with UsageSampler() as sampler:
             t0 = time.time()
             rc = subprocess.run(argv, timeout=6 * 3600).returncode
             wall = time.time() - t0
@@ -156,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         df = pd.read_parquet(hist[-1])
         meta = json.loads(metas[-1].read_text())
-    s = summarize(df, meta, wall, sampler.gpus(), sampler.busy_share(), t0)
+    s = summarize(df, meta, wall, sampler.gpus(), sampler.busy_share(), t0, sampler)
     s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc)
     print(render(args.label, s))
     out = Path(args.out)

@@ -1,0 +1,80 @@
+"""``python -m harness bench`` (harness/report/bench.py): the host's CPU busy share it reports
+-- the measure that showed the whole TE matrix on one GPU CPU-bound (reports/bench/README.md) --
+and a real benchmark run of one case."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from subprocs import ROOT, harness_env
+
+from harness.report import bench
+
+STAT = "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+
+
+def _stat(path, user, system, idle, iowait=0):
+    path.write_text(STAT.format(user=user, system=system, idle=idle, iowait=iowait))
+
+
+def test_cpu_busy_share_from_proc_stat(tmp_path):
+    stat = tmp_path / "stat"
+    _stat(stat, 100, 50, 850, 0)
+    a = bench.cpu_times(str(stat))
+    assert a == (150, 1000)
+    _stat(stat, 400, 150, 1000, 50)  # +300 user, +100 system, +150 idle, +50 iowait
+    b = bench.cpu_times(str(stat))
+    assert bench.busy_between(a, b) == pytest.approx(400 / 600)  # iowait is not busy
+    assert bench.busy_between(b, a) is None  # no time passed: no share
+    assert bench.cpu_times(str(tmp_path / "absent")) is None
+    (tmp_path / "other").write_text("intr 1 2 3\n")
+    assert bench.cpu_times(str(tmp_path / "other")) is None
+
+
+def test_sampler_records_the_mean_and_a_timeline(tmp_path):
+    stat = tmp_path / "stat"
+    _stat(stat, 0, 0, 1000)
+    with bench.UsageSampler(period_s=0.02, cpu_every_s=0.05, stat=str(stat)) as s:
+        for k in range(1, 6):  # every interval 3/4 busy, one fully busy
+            time.sleep(0.12)
+            busy = 300 * k + (100 if k == 5 else 0)
+            _stat(stat, busy, 0, 1000 + 100 * k - (100 if k == 5 else 0))
+    assert s.cpu_busy_share() == pytest.approx(1600 / 2000)
+    shares = [v for _, v in s.cpu_timeline]
+    assert len(shares) >= 3 and max(shares) == 1.0 and min(shares) >= 0.0
+    assert [t for t, _ in s.cpu_timeline] == sorted(t for t, _ in s.cpu_timeline)
+
+
+SCENARIO = """\
+name: benched
+description: one case, benchmarked
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [Linear]
+  dcp: [sync]
+  reshard: [none]
+timeout_s: 120
+"""
+
+
+@pytest.mark.integration
+def test_a_benchmark_run_writes_its_figures(tmp_path):
+    scen = tmp_path / "scen"
+    scen.mkdir()
+    (scen / "benched.yaml").write_text(SCENARIO)
+    out = tmp_path / "bench"
+    p = subprocess.run([sys.executable, "-m", "harness", "bench", "--label", "one", "--out",
+                        str(out), "--", "-p", "harness.plugin", "--scenario", "benched",
+                        "--scenario-dir", str(scen)],
+                       cwd=ROOT, env=harness_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = json.loads((out / "one.json").read_text())
+    assert s["checked"] == 1 and s["outcomes"] == {"passed": 1} and s["pytest_exit"] == 0
+    assert s["gpus"] == 0 and s["checked_per_minute"] > 0
+    assert 0 < s["cpu_busy_share"] <= 1  # a launch of two ranks ran on this host
+    assert s["cpu_busy_timeline"] and all(0 <= v <= 1 for _, v in s["cpu_busy_timeline"])
+    assert {u["unit"] for u in s["units"]} >= {"train", "save", "load", "fp32_parity"}
+    assert "host CPUs busy" in p.stdout
