@@ -20,6 +20,29 @@ def harness_env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+ONE_CASE = """\
+name: {name}
+description: {description}
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [Linear]
+  dcp: [{dcp}]
+  reshard: [none]
+timeout_s: 120
+"""
+
+
+def one_case_scenario(tmp_path, name: str, description: str, dcp: str = "sync") -> Path:
+    """A scenario directory under ``tmp_path`` holding ``<name>.yaml``: one fp32 dp2 Linear
+    case saved with ``dcp``, for tests that need a real run of a single case."""
+    scen = tmp_path / "scen"
+    scen.mkdir(exist_ok=True)
+    (scen / f"{name}.yaml").write_text(ONE_CASE.format(name=name, description=description,
+                                                       dcp=dcp))
+    return scen
+
+
 def run_pytest(cwd, *args: str, timeout: float = 600) -> tuple[int, str]:
     """(return code, stdout + stderr) of :func:`pytest_argv` run in ``cwd``."""
     p = subprocess.run(pytest_argv(*args), cwd=cwd, env=harness_env(), capture_output=True,

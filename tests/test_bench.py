@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from subprocs import ROOT, harness_env
+from subprocs import ROOT, harness_env, one_case_scenario
 
 from harness.report import bench
 
@@ -47,24 +47,9 @@ def test_sampler_records_the_mean_and_a_timeline(tmp_path):
     assert [t for t, _ in s.cpu_timeline] == sorted(t for t, _ in s.cpu_timeline)
 
 
-SCENARIO = """\
-name: benched
-description: one case, benchmarked
-axes:
-  recipe: [fp32]
-  mesh: [dp2]
-  module: [Linear]
-  dcp: [sync]
-  reshard: [none]
-timeout_s: 120
-"""
-
-
 @pytest.mark.integration
 def test_a_benchmark_run_writes_its_figures(tmp_path):
-    scen = tmp_path / "scen"
-    scen.mkdir()
-    (scen / "benched.yaml").write_text(SCENARIO)
+    scen = one_case_scenario(tmp_path, "benched", "one case, benchmarked")
     out = tmp_path / "bench"
     p = subprocess.run([sys.executable, "-m", "harness", "bench", "--label", "one", "--out",
                         str(out), "--", "-p", "harness.plugin", "--scenario", "benched",

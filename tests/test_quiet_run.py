@@ -8,28 +8,15 @@ launch's end resets)."""
 import subprocess
 
 import pytest
-from subprocs import harness_env, pytest_argv
+from subprocs import harness_env, one_case_scenario, pytest_argv
 
-SCENARIO = """\
-name: quiet
-description: a passing run's terminal
-axes:
-  recipe: [fp32]
-  mesh: [dp2]
-  module: [Linear]
-  dcp: [async_process]
-  reshard: [none]
-timeout_s: 120
-"""
 NOISE = ("TCPStore", "recvValue", "Connection reset by peer", "Exception raised from",
          "frame #", "[W", "[E", "Traceback")
 
 
 @pytest.mark.integration
 def test_a_passing_run_prints_nothing_on_stderr(tmp_path):
-    scen = tmp_path / "scen"
-    scen.mkdir()
-    (scen / "quiet.yaml").write_text(SCENARIO)
+    scen = one_case_scenario(tmp_path, "quiet", "a passing run's terminal", dcp="async_process")
     p = subprocess.run(pytest_argv("--scenario", "quiet", "--scenario-dir", str(scen),
                                    "--report-dir", str(tmp_path / "reports"), "-q"),
                        cwd=tmp_path, env=harness_env(), capture_output=True, text=True,

@@ -8,26 +8,11 @@ import pstats
 import subprocess
 
 import pytest
-from subprocs import harness_env, pytest_argv
-
-SCENARIO = """\
-name: profiled
-description: one case, profiled
-axes:
-  recipe: [fp32]
-  mesh: [dp2]
-  module: [Linear]
-  dcp: [sync]
-  reshard: [none]
-timeout_s: 120
-"""
-
+from subprocs import harness_env, one_case_scenario, pytest_argv
 
 @pytest.mark.integration
 def test_each_rank_writes_its_profile_and_cpu_seconds(tmp_path):
-    scen = tmp_path / "scen"
-    scen.mkdir()
-    (scen / "profiled.yaml").write_text(SCENARIO)
+    scen = one_case_scenario(tmp_path, "profiled", "one case, profiled")
     prof = tmp_path / "prof"
     env = {**harness_env(), "HARNESS_PROFILE_DIR": str(prof)}
     p = subprocess.run(pytest_argv("--scenario", "profiled", "--scenario-dir", str(scen),

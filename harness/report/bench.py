@@ -117,7 +117,7 @@ class UsageSampler:
         """The host's CPUs' busy share over the whole run."""
         return busy_between(self._cpu0, self._cpu_last)
 
-    def busy_share(self) -> float | None:
+    def gpu_busy_share(self) -> float | None:
         vals = [v for s in self.samples for v in s]
         return sum(vals) / len(vals) / 100 if vals else None
 
@@ -125,8 +125,9 @@ class UsageSampler:
         return max((len(s) for s in self.samples), default=0)
 
 
-def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
-              busy: float | None, t0: float | None = None, cpu: UsageSampler | None = None) -> dict:
+def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
+              t0: float | None = None) -> dict:
+    gpus = usage.gpus()
     cases = df[(df["check"] == "case") & (df["metric"] == "duration_s")]
     outcomes = cases["case_outcome"].value_counts().to_dict()
     checked = sum(outcomes.get(o, 0) for o in ("passed", "xfailed", "failed"))
@@ -149,9 +150,9 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, gpus: int,
         checked_per_minute=checked / (wall / 60),
         launches=len(launches), launch_phases_s=phases, session_s=session,
         launch_overhead_share=max(0.0, 1 - busy_wall / wall) if wall else None,
-        gpu_busy_share=busy,
-        cpu_busy_share=cpu.cpu_busy_share() if cpu else None,
-        cpu_busy_timeline=cpu.cpu_timeline if cpu else [],
+        gpu_busy_share=usage.gpu_busy_share(),
+        cpu_busy_share=usage.cpu_busy_share(),
+        cpu_busy_timeline=usage.cpu_timeline,
         units=[dict(phase=ph, unit=u, total_s=round(r["sum"], 3), per_case_s=round(r["sum"] / n, 4),
                     count=int(r["count"])) for (ph, u), r in units.iterrows()],
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         df = pd.read_parquet(hist[-1])
         meta = json.loads(metas[-1].read_text())
-    s = summarize(df, meta, wall, sampler.gpus(), sampler.busy_share(), t0, sampler)
+    s = summarize(df, meta, wall, sampler, t0)
     s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc)
     print(render(args.label, s))
     out = Path(args.out)
