@@ -1,6 +1,7 @@
-"""The CPU comparison's fast path for keys whose two sides hold the same bits
-(harness/checks/compare.py ``_equal_stats``) gives the general path's statistics, and only takes
-the pairs it can: same bits, every value finite."""
+"""The CPU comparison's fast paths give the general path's statistics and only take the pairs
+they can (harness/checks/compare.py): ``_equal_stats`` for keys whose two sides hold the same
+bits, ``_finite_stats`` for keys whose bits differ -- both with every value finite. The first
+differing element is named the same either way."""
 
 import math
 
@@ -31,11 +32,21 @@ def _pairs():
         "inf": (torch.tensor([math.inf, 1.0]), torch.tensor([math.inf, 1.0])),
         "pad#scale_inv": (torch.tensor([2.0, math.nan]), torch.tensor([2.0, math.nan])),
         "moved": (w, w + 1e-3), "one_value": (w, _with(w, (3, 5), 2.0)),
+        "bf16_moved": (w.bfloat16(), (w + 0.05).bfloat16()),
+        "f32_t_moved": (w.t(), (w + 1e-3).t()),
+        "i64_moved": (torch.arange(-9, 99), _with(torch.arange(-9, 99), 7, 1000)),
+        "inf_one_side": (_with(w, (0, 1), math.inf), w),
+        "nan_one_side": (w, _with(w, (2, 2), math.nan)),
+        "big64_moved": (torch.tensor([1e200, 2.0], dtype=torch.float64),
+                        torch.tensor([-1e200, 2.0], dtype=torch.float64)),
+        "flag_moved": (torch.tensor([True, False]), torch.tensor([True, True])),
     }
     return pairs
 
 
 FAST = {"f32", "f32_t", "scalar", "f64", "bf16", "f16", "i64", "u8#data", "flag"}
+# bits differ, every value finite (-0.0 vs 0.0 differ in bits, by 0)
+FINITE = {"zeros", "moved", "one_value", "bf16_moved", "f32_t_moved", "i64_moved"}
 
 
 @pytest.mark.parametrize("key", sorted(_pairs()))
@@ -43,11 +54,27 @@ def test_fast_path_stats_are_the_general_path_s(key, monkeypatch):
     a, e = _pairs()[key]
     taken = C._equal_stats(a, e) is not None
     assert taken == (key in FAST)  # big64 overflows the float64 square: general path
+    assert (C._finite_stats(a, e) is not None) == (key in FINITE) or taken
     fast = C._stats(key, a, e)
-    monkeypatch.setattr(C, "_equal_stats", lambda a, e: None)
+    _general_only(monkeypatch)
     general = C._stats(key, a, e)
     assert torch.equal(fast.isnan(), general.isnan())
     torch.testing.assert_close(fast, general, rtol=1e-12, atol=0, equal_nan=True)
+
+
+def _general_only(monkeypatch):
+    monkeypatch.setattr(C, "_equal_stats", lambda a, e: None)
+    monkeypatch.setattr(C, "_finite_stats", lambda a, e: None)
+
+
+@pytest.mark.parametrize("key", sorted(k for k, (a, e) in _pairs().items()
+                                       if not C._bits(a).equal(C._bits(e))))
+def test_the_first_differing_element_is_the_general_path_s(key):
+    a, e = _pairs()[key]
+    a2, e2, fa, fe = C._on_device(a, e)
+    i = int(C._differs(a2, e2, fa, fe).nonzero()[0])
+    want = f"{key}{C._index(i, tuple(a.shape))}: {fa[i].item():.9g} vs {fe[i].item():.9g}"
+    assert C._first(key, a, e) == want
 
 
 def test_compare_gives_the_same_comparison_either_way(monkeypatch):
@@ -55,7 +82,7 @@ def test_compare_gives_the_same_comparison_either_way(monkeypatch):
     actual = {k: a for k, (a, _) in pairs.items()}
     expected = {k: e for k, (_, e) in pairs.items()}
     fast = C.compare(actual, expected)
-    monkeypatch.setattr(C, "_equal_stats", lambda a, e: None)
+    _general_only(monkeypatch)
     general = C.compare(actual, expected)
     assert (fast.n_diff, fast.n_total, fast.first_diff, fast.problems, fast.nonfinite) == (
         general.n_diff, general.n_total, general.first_diff, general.problems, general.nonfinite)
