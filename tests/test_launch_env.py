@@ -1,13 +1,14 @@
-"""What a launch's plan and environment carry for the ranks' start-up costs (no processes):
-DCP's stager is started up front when the launch may run an async_process save, also when
-its tasks come through the feed; the ranks share TorchInductor's caches across launches."""
+"""What a launch's plan and environment carry for the ranks' costs (no processes): DCP's
+stager is started up front when the launch may run an async_process save, also when its tasks
+come through the feed; the ranks share TorchInductor's caches across launches and keep freed
+memory mapped."""
 
 import json
 from pathlib import Path
 
 from harness.launch import inductor_cache, launch_dir
 from harness.launch.feed import FixedFeed
-from harness.launch.launch import Launch
+from harness.launch.launch import MALLOC_ENV, Launch
 from harness.launch.launch_dir import stager_worlds
 from harness.launch.launcher import Launcher, Task
 from harness.spec.matrix import expand
@@ -73,6 +74,23 @@ def test_a_launch_environment_carries_the_caches(tmp_path):
     assert env["TMPDIR"] == launch.tmp
     assert env["TORCHINDUCTOR_CACHE_DIR"] and not env["TORCHINDUCTOR_CACHE_DIR"].startswith(
         launch.tmp)
+
+
+def test_ranks_keep_freed_memory_unless_the_caller_set_malloc(tmp_path, monkeypatch):
+    """glibc's malloc keeps freed large blocks in the ranks (a comparison of 12 x 256K floats
+    on this VM: 65 ms -> 13 ms, the page faults of fresh mappings gone); the caller's own
+    MALLOC_* settings win."""
+    for var in MALLOC_ENV:
+        monkeypatch.delenv(var, raising=False)
+    launch = _launch(Launcher(tmp_path / "m", "reference", "cpu"), [], 2)
+    launch.tmp = str(tmp_path / "tmp")
+    env = launch._env()
+    assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
+    assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 1 << 30  # a state dict's tensors stay below
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    env = launch._env()
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "131072"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]
 
 
 def test_fed_launches_start_the_stager_up_front_on_gpu_hosts_only(tmp_path):

@@ -40,6 +40,8 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 # later: another launch took that port first (EADDRINUSE in one rank's stager, the other rank's
 # waiting for it until the case timeout; seen on 2x H200). CPU launches keep DCP's default.
 CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
+# glibc's malloc keeps freed large blocks (else each temporary page-faults); caller's MALLOC_* win
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 POLL_S = 0.1
 # a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
 # $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds up to 31
@@ -178,7 +180,7 @@ class Launch:
         """The launch's environment: ours, the slot's, the safe settings and the launch's
         tag."""
         s = self.settings
-        full = {**os.environ, **s.extra_env, **self.env, **SAFE_ENV,
+        full = {**MALLOC_ENV, **os.environ, **s.extra_env, **self.env, **SAFE_ENV,
                 **(CUDA_ENV if s.device == "cuda" else {}), procs.TAG_VAR: self.tag}
         # every temporary file of the launch's processes goes in a directory of its own,
         # removed once they are gone: torchrun makes a log dir per launch and ranks that end

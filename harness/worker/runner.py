@@ -169,9 +169,7 @@ class _Walk:
         except BaseException as e:  # recorded by the section; DCP raises BaseExceptions
             err = describe(e)
         self.rec.measure(unit, "time", "seconds", time.perf_counter() - t0)
-        flags = [None] * self.ctx.world_size
-        dist.all_gather_object(flags, err, group=self.ctx.control)
-        failed = [(r, f) for r, f in enumerate(flags) if f is not None]
+        failed = _failures(self.ctx, err)
         if not failed:
             return None
         if not healthy(self.ctx, self.health_timeout_s):
@@ -179,6 +177,18 @@ class _Walk:
             raise GroupBroken(f"the process group is out of step after {unit} failed "
                               f"(rank {failed[0][0]}: {failed[0][1]})")
         return _reason(failed, self.ctx.world_size)
+
+
+def _failures(ctx, err: str | None) -> list[tuple[int, str]]:
+    """(rank, error) of every rank whose unit failed, the same on every rank: one small
+    all_reduce says whether any did (most units: none), then the errors travel as objects."""
+    n = torch.tensor([0 if err is None else 1], dtype=torch.int32)
+    dist.all_reduce(n, group=ctx.control)
+    if not int(n):
+        return []
+    flags = [None] * ctx.world_size
+    dist.all_gather_object(flags, err, group=ctx.control)
+    return [(r, f) for r, f in enumerate(flags) if f is not None]
 
 
 def _reason(failed: list[tuple[int, str]], world_size: int) -> str:
