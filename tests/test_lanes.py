@@ -174,3 +174,21 @@ def test_begin_starts_the_lanes_before_any_result_is_asked_for():
             time.sleep(0.01)
         assert fake.order, "no task ran before the first result() call"
         assert all(sched.result(c).status == "ok" for c in cases)
+
+
+def test_a_lane_takes_a_module_s_async_process_saves_last():
+    """Their stagers start with the launch (10-16 s on a loaded GPU host): a lane runs a
+    module's other cases first, so its first async_process save does not wait for them."""
+    cases = [c for c in expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"))
+             if c.world_sizes == (2,)]
+    fake = FakeLauncher(slots=1)
+    results = _run(fake, cases, concurrency=None)
+    assert all(r.status == "ok" for r in results.values())
+    by_key = {c.key: c for c in cases}
+    (_, _, names), = fake.launches
+    trains = [by_key[n.rsplit(".", 1)[0]] for n in names if n.endswith(".train")]
+    modules = [c.ax["module"] for c in trains]
+    for m in set(modules):
+        dcp = [c.ax["dcp"] for c in trains if c.ax["module"] == m]
+        first = dcp.index("async_process")
+        assert first > 0 and set(dcp[first:]) == {"async_process"}, (m, dcp)

@@ -12,7 +12,7 @@ from harness.plugin.environment import RunEnvironment
 from harness.results.case_rows import case_rows
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
-from harness.worker.main import RANKS_PER_GPU_VAR
+from harness.worker.main import NICE_VAR, RANKS_PER_GPU_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,6 +48,28 @@ def test_shared_slots_carry_the_ranks_per_gpu_and_fewer_launches():
     never = Launcher("/nonexistent", "te", "cuda", gpus=["0"], gpu_share="never")
     assert RANKS_PER_GPU_VAR not in never.slots(2)[0]
     assert Launcher("/nonexistent", "torch", "cpu").slots(8) == [{}]
+
+
+def test_smaller_worlds_run_at_a_lower_cpu_priority():
+    """A rank's CPU weight proportional to its world size (CFS: ~1.25x a nice level), once the
+    launcher knows the run's largest world; GPU launches only (the CPU box runs one lane)."""
+    assert [placement.cpu_priority(w, 8) for w in (8, 4, 2, 1)] == [0, 3, 6, 9]
+    assert placement.cpu_priority(2, 2) == 0 and placement.cpu_priority(4, 2) == 0
+    assert placement.cpu_priority(1, 10**6) == placement.NICE_MAX
+    one = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4)
+    assert NICE_VAR not in one.slots(2)[0]  # no case known yet
+    cases = expand(load_scenario(ROOT / "scenarios" / "smoke.yaml"))
+    assert {w for c in cases for w in c.world_sizes} == {2, 4}
+    one.expect(cases)
+    assert one.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "2",
+                             NICE_VAR: "3"}] * 4
+    assert one.slots(4)[0] == {"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "4"}
+    two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=1)
+    two.expect(cases)  # NCCL launches share the host's cores too
+    assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "3"}]
+    cpu = Launcher("/nonexistent", "torch", "cpu")
+    cpu.expect(cases)
+    assert cpu.slots(2) == [{}]
 
 
 def test_cases_skip_or_run_shared_by_the_option(monkeypatch):

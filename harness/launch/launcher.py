@@ -18,7 +18,7 @@ from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
 from harness.launch.launch import SAFE_ENV, Launch, LaunchSettings
 from harness.launch.launch_dir import stager_worlds
-from harness.launch.placement import RANKS_PER_GPU_VAR, launches_per_slice, place
+from harness.launch.placement import launch_env, launches_per_slice, place
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
 __all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
@@ -59,6 +59,7 @@ class Launcher:
         self._stop = threading.Event()
         self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
+        self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
 
     def expect(self, cases) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
@@ -67,6 +68,7 @@ class Launcher:
         the busy lane (a 40-case torch slice 23-26 s without, 29 s with, alternating)."""
         if self.device == "cuda":
             self.stager_worlds |= stager_worlds(cases)
+        self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""
@@ -82,7 +84,7 @@ class Launcher:
         if p is None:
             return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}] if self.gpus and \
                 self.device == "cuda" else [{}]
-        shared = {RANKS_PER_GPU_VAR: str(p.ranks_per_gpu)} if p.shared else {}
+        shared = launch_env(p, world_size, self.largest_world)
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
                 for _ in range(launches_per_slice(p, self.launches_per_gpu)) for sl in p.slices]
 

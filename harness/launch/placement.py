@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.worker.main import RANKS_PER_GPU_VAR  # noqa: F401 - set in a shared launch's env
+from harness.worker.main import NICE_VAR, RANKS_PER_GPU_VAR
 
 SHARE_MODES = ("auto", "never", "always")
 MAX_RANKS_PER_GPU = 16  # ranks of all concurrent launches on one GPU (2 x 8 ran, 4 x 8 did not)
@@ -75,3 +75,27 @@ def describe(world_sizes, gpus: list[str], share: str) -> tuple[str, int]:
     if any(p is None for p in ps):
         return "", 0
     return (GLOO if any(p.shared for p in ps) else NCCL), max(p.ranks_per_gpu for p in ps)
+
+
+NICE_STEP = 1.25  # CFS: one nice level ~1.25x less CPU weight
+NICE_MAX = 19
+
+
+def cpu_priority(world_size: int, largest: int) -> int:
+    """The nice value of a ``world_size`` launch's ranks when launches of up to ``largest``
+    ranks share the host's cores: a rank's CPU weight proportional to its world size (0 for
+    the largest). Every collective waits for the slowest rank of its world, so a descheduled
+    rank of 8 holds up 7 others, one of 2 holds up 1 -- and the largest worlds are the run's
+    tail (the whole TE matrix on one H200: 2-rank launches done at ~50% of the run, 8-rank
+    ones last)."""
+    if largest <= world_size:
+        return 0
+    return min(NICE_MAX, round(math.log(largest / world_size, NICE_STEP)))
+
+
+def launch_env(p: Placement, world_size: int, largest: int) -> dict:
+    """What a launch placed by ``p`` tells its ranks: how many share a GPU (where they do) and
+    their nice value (where launches of up to ``largest`` ranks run)."""
+    env = {RANKS_PER_GPU_VAR: str(p.ranks_per_gpu)} if p.shared else {}
+    nice = cpu_priority(world_size, largest)
+    return {**env, NICE_VAR: str(nice)} if nice else env

@@ -186,16 +186,16 @@ class Scheduler:
 
 
 def affinity(lane: "_Lane", case: Case, left: Counter, lanes) -> tuple:
-    """Which case a lane takes next (the smallest): a module it ran (its launch paid that
-    module's first-use costs: TE's compiled functions, kernel and library set-up -- seconds
-    a module and process on GPU); else a module no lane of its key ran yet; else the module
-    with the most ready cases (``left``) per lane (of ``lanes``, the key's) that ran it. Lanes sharing a world size
-    so specialize by module instead of each warming every module."""
-    module = case.ax.get("module")
+    """Which case a lane takes next (the smallest): a module it ran (its launch paid its
+    first-use costs: TE's compiled functions, kernel and library set-up -- seconds a module
+    and process on GPU); else a module no lane of its key ran yet; else the module with the
+    most ready cases (``left``) per lane of the key (``lanes``) that ran it. async_process saves
+    last: their stagers start with the launch (10-17 s under load: the first such save waited)."""
+    module, last = case.ax.get("module"), case.ax.get("dcp") == "async_process"
     if module in lane.modules:
-        return (0, 0.0)
+        return (0, 0.0, last)
     warm = sum(module in ln.modules for ln in lanes if ln is not lane)
-    return (1, 0.0) if not warm else (2, -left[module] / warm)
+    return (1, 0.0, last) if not warm else (2, -left[module] / warm, last)
 
 
 class _Lane:

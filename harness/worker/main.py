@@ -46,6 +46,9 @@ EXIT_PG_BROKEN = 17  # every rank exits with this when the main group cannot be 
 # set by the launcher where ranks share GPUs (harness/launch/placement.py): rank r runs on GPU
 # r mod G and every process group is gloo
 RANKS_PER_GPU_VAR = "HARNESS_RANKS_PER_GPU"
+# set by the launcher where launches of several world sizes share a host's cores
+# (harness/launch/placement.py cpu_priority): the rank's nice value, inherited by its stager
+NICE_VAR = "HARNESS_NICE"
 
 
 @dataclass
@@ -225,6 +228,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.worker")
     ap.add_argument("--plan", required=True)
     args = ap.parse_args(argv)
+    nice = os.nice(int(os.environ.get(NICE_VAR, "0")))  # before its imports and its stager
     from harness.worker import tether
     tether.tether(tether.expected_parent())  # die with the torchrun agent
     tether.set_name(f"harness-rank{os.environ.get('RANK', '')}")  # for ps / top
@@ -238,7 +242,7 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     progress = root / "progress" / f"rank{rank}.json"
     _write_json(progress, dict(pid=os.getpid(), task=None, state="starting", t=time.time()))
-    timeline = {"main": _T_MAIN}
+    timeline = {"main": _T_MAIN, "nice": nice}
     # a rank stuck before its process group exists is ended by torchrun (its peers' store wait
     # times out), not by the launcher's watchdog: its stacks are written before that happens
     faulthandler.dump_traceback_later(0.8 * plan["setup_timeout_s"], file=stacks)
