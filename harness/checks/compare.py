@@ -96,7 +96,12 @@ def _on_device(a: torch.Tensor, e: torch.Tensor):
 
 
 def _differs(a, e, a64, e64) -> torch.Tensor:
+    """Per element (flat): the bits differ (one dtype; compared as integers of the element's
+    width where there is one, else byte by byte), or the values do (two dtypes; NaN = NaN)."""
     if a.dtype == e.dtype:
+        ints = _SAME_SIZE_INT.get(e.element_size())
+        if ints is not None:
+            return a.detach().reshape(-1).view(ints) != e.detach().reshape(-1).view(ints)
         ab, eb = _bits(a).reshape(a64.numel(), -1), _bits(e).reshape(e64.numel(), -1)
         return (ab != eb).any(dim=1)
     return ~((a64 == e64) | (a64.isnan() & e64.isnan()))
@@ -163,9 +168,9 @@ def _finite_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
     if ints is None or a.dtype == torch.bool:
         return None
     a, e = a.detach().reshape(-1), e.detach().reshape(-1)
-    n_diff = torch.count_nonzero(a.view(ints) != e.view(ints)).to(torch.float64)
-    e64 = e.to(torch.float64)
-    d = a.to(torch.float64) - e64
+    a64, e64 = a.to(torch.float64), e.to(torch.float64)
+    n_diff = torch.count_nonzero(_differs(a, e, a64, e64)).to(torch.float64)
+    d = a64 - e64
     sq_ref, sq_diff = torch.dot(e64, e64), torch.dot(d, d)
     if not bool(torch.isfinite(sq_ref) & torch.isfinite(sq_diff)):
         return None
@@ -204,14 +209,9 @@ def _fetch(stats: list[torch.Tensor]) -> list[list[float]]:
 
 def _first(k: str, a: torch.Tensor, e: torch.Tensor) -> str:
     """The first differing element: ``key[index]: actual vs expected``."""
-    ints = _SAME_SIZE_INT.get(e.element_size())
-    if a.dtype == e.dtype and ints is not None and a.device == e.device:
-        fa, fe = a.detach().reshape(-1), e.detach().reshape(-1)
-        i = int((fa.view(ints) != fe.view(ints)).nonzero()[0])
-    else:
-        a2, e2, fa, fe = _on_device(a, e)
-        i = int(_differs(a2, e2, fa, fe).nonzero()[0])
-    return f"{k}{_index(i, tuple(a.shape))}: {float(fa[i]):.9g} vs {float(fe[i]):.9g}"
+    a2, e2, fa, fe = _on_device(a, e)
+    i = int(_differs(a2, e2, fa, fe).nonzero()[0])
+    return f"{k}{_index(i, tuple(a.shape))}: {fa[i].item():.9g} vs {fe[i].item():.9g}"
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
