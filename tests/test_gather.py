@@ -35,11 +35,31 @@ RANK = textwrap.dedent("""\
     g.add_scalar("loss", torch.tensor(0.5))
     g.add_scalar("step", torch.tensor(rank))
     out = g.run()
-    for k, t in want.items():
-        assert out[k].dtype == t.dtype and torch.equal(out[k], t), (k, out[k], t)
-    assert out["loss"].item() == 0.5 and out["step"].tolist() == [0, 1]
-    diverged = [k for k in out if k.startswith("rep#replicas_diverge(ranks 0 vs 1")]
-    assert len(diverged) == 1 and "flat index 0: 1 vs 2" in diverged[0], list(out)
+    if rank == 0:  # whole tensors on rank 0
+        for k, t in want.items():
+            assert out[k].dtype == t.dtype and torch.equal(out[k], t), (k, out[k], t)
+        assert out["loss"].item() == 0.5 and out["step"].tolist() == [0, 1]
+        diverged = [k for k in out if k.startswith("rep#replicas_diverge(ranks 0 vs 1")]
+        assert len(diverged) == 1 and "flat index 0: 1 vs 2" in diverged[0], list(out)
+    else:  # placeholders elsewhere: the same keys, shapes and dtypes, no values
+        assert sorted(out) == sorted(list(want) + ["rep", "loss", "step"]), list(out)
+        for k, t in want.items():
+            assert out[k].is_meta and out[k].shape == t.shape and out[k].dtype == t.dtype, k
+        assert not any(gather.held(v) for v in out.values())
+        try:
+            out["f32"].sum().item()
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("a placeholder's values were readable")
+    # a second, smaller gather in a row: the byte buffers are sized afresh
+    g = gather.Gather()
+    d = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+    g.add("again", d, d.to_local())
+    out = g.run()
+    assert (rank == 0) == gather.held(out["again"])
+    if rank == 0:
+        assert out["again"].tolist() == [0.0, 1.0, 2.0, 3.0]
     dist.destroy_process_group()
     print("ok", flush=True)
     # no interpreter teardown (as the harness's ranks): gloo's threads can abort it with

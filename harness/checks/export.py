@@ -28,6 +28,7 @@ import torch
 
 from harness.calibration import tolerances
 from harness.checks.base import Check
+from harness.distributed.gather import held
 
 # The weight format's rounding, element by element: (half a step of the element format
 # relative to the value -- 2^-(m+1) for m mantissa bits: E4M3 2^-4, NVFP4's E2M1 2^-2 --;
@@ -79,6 +80,8 @@ def beyond_rounding(exported: dict, quantized: dict, rounding) -> tuple[int, str
         e, d = exported.get(name), quantized[name]
         if e is None or e.shape != d.shape or not e.numel():
             continue  # the comparison names it
+        if not (held(e) and held(d)):
+            continue  # a whole tensor rank 0 holds and checks (distributed/gather.py)
         e, d = e.detach().to(torch.float64), d.detach().to(torch.float64)
         err = (e - d).abs()
         bound = torch.maximum(rel / (1 + rel) * e.abs(), floor * _block_amax(e, block))

@@ -21,6 +21,7 @@ import torch
 
 from harness.calibration import tolerances
 from harness.checks.base import Check
+from harness.distributed.gather import held
 from harness.spec import catalog
 
 
@@ -62,8 +63,11 @@ def fp32_parity(art, rec) -> None:
     if t.run.quantized:  # the quantized weights themselves, within the format's rounding
         rec.compare("fp32_parity", "stored_params", t.run.full_params(masters=False),
                     ref.params, tol(art, "fp32_parity", "stored_params"))
+    # whole tensors are held by rank 0 only (distributed/gather.py); a rank's own plain ones
+    # (a master weight that is no DTensor) by that rank
     frozen = [n for n, g in t.grads0.items()
-              if n in final and bool(g.abs().max() > 0) and torch.equal(final[n], t.initial[n])]
+              if n in final and all(held(x) for x in (g, final[n], t.initial.get(n)))
+              and bool(g.abs().max() > 0) and torch.equal(final[n], t.initial[n])]
     rec.flag("fp32_parity", "params_updated", not frozen,
              f"{len(frozen)} parameters did not move during training: {', '.join(frozen[:6])}"
              if frozen else "every parameter with a gradient moved")

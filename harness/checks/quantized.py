@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from harness.calibration import tolerances
 from harness.checks import wire
+from harness.distributed.gather import held
 from harness.distributed.run import full
 
 
@@ -102,8 +103,8 @@ def quantized_allgather_parity(run, rec) -> None:
                 manual_deq, tolerances.BITWISE)
     fp32_q, ref = {}, {}
     for name, s in shards.items():
-        if s["master"] is None:
-            continue
+        if s["master"] is None or not held(s["master"]):
+            continue  # none, or a whole tensor rank 0 holds (distributed/gather.py)
         q = s["codec"].quantize(s["master"].reshape(s["master"].shape[0], -1), {"row", "col"},
                                 _whole_tensor_q(s))
         fp32_q.update(_prefixed({k: v for k, v in q.items() if k in s["parts"]}, name))

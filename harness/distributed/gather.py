@@ -1,10 +1,19 @@
-"""Whole tensors from DTensor shards for the checks, many at once.
+"""Whole tensors from DTensor shards for the checks, many at once, on rank 0.
 
 Each rank contributes its local piece with the offsets DTensor (and DCP) assign it -- Shard,
-_StridedShard, Replicate alike -- and one object all-gather over the worker's gloo exchange group moves every
-piece of a batch (gloo on CPU). The harness's own gathers thus stay off the functional
+_StridedShard, Replicate alike -- and one gather over the worker's gloo exchange group moves every
+piece of a batch to rank 0 (gloo on CPU). The harness's own gathers thus stay off the functional
 collectives that FSDP2 / DTensor under test use (one such wait segfaulted under CI load), and a
 whole state dict costs one collective, not one per tensor.
+
+**Whole tensors live on rank 0.** Every rank would otherwise assemble and compare the same whole
+tensors -- work that grows with the world size on every rank and bought nothing (at 8 ranks
+sharing a host's CPUs, 7 copies of every comparison). The other ranks get *placeholders*: meta
+tensors of the whole tensor's shape and dtype (:func:`held` tells them apart), so shapes, dtypes
+and keys stay known everywhere, comparisons skip their values there (``checks/compare.py``), and
+any use of a placeholder's values (``.item()``, ``torch.equal``, ``nonzero``) raises instead of
+passing silently. Rank-local values (a rank's own raw buffers, ``#local.`` keys) are real on
+every rank.
 
 Replicas must agree: where several ranks hold the same region (the HSDP replicate dim, weights
 TP leaves replicated such as norms and biases), every copy must have the same bytes. A region
@@ -13,6 +22,8 @@ ranks and the first differing index -- a key no reference has, so the comparison
 """
 
 from __future__ import annotations
+
+import pickle
 
 import torch
 import torch.distributed as dist
@@ -40,9 +51,14 @@ class Gather:
         self._items[key] = (_SCALAR, None, None, value.detach().cpu())
 
     def run(self) -> dict[str, torch.Tensor]:
+        """Whole tensors on rank 0, placeholders (meta tensors) on the other ranks."""
         if not self._items:
             return {}
-        pieces = _all_gather(self._items)
+        pieces = _gather_to_rank0(self._items)
+        if pieces is None:
+            return {key: torch.empty(mine.shape if shape == _SCALAR else shape,
+                                     dtype=mine.dtype, device="meta")
+                    for key, (shape, _, _, mine) in self._items.items()}
         out = {}
         for key, (shape, _, _, mine) in self._items.items():
             if shape == _SCALAR:
@@ -67,28 +83,46 @@ class Gather:
         return out
 
 
-def _all_gather(items: dict[str, tuple]) -> list[dict[str, tuple]]:
-    """Every rank's ``items`` (key -> (shape, offsets, sizes, local tensor)): the layout and
-    dtypes as one small object gather, the data as one byte-tensor all-gather of every local
-    piece packed together (no pickled tensors: the copies and the pickling cost more than the
-    wire on one host)."""
+def held(t) -> bool:
+    """Whether ``t`` holds values on this rank (not a placeholder of a whole tensor that only
+    rank 0 holds)."""
+    return not (isinstance(t, torch.Tensor) and t.is_meta)
+
+
+_HEAD = 8  # the length of a rank's pickled layout, at the start of its buffer
+
+
+def _gather_to_rank0(items: dict[str, tuple]) -> list[dict[str, tuple]] | None:
+    """Every rank's ``items`` (key -> (shape, offsets, sizes, local tensor)) on rank 0, None
+    elsewhere. Each rank packs its layout (pickled: keys, offsets, dtypes, sizes) and every
+    local piece into one byte buffer; one 8-byte all_reduce finds the longest, one ``gather``
+    brings the buffers to rank 0 (no pickled tensors: the copies and the pickling cost more
+    than the wire on one host)."""
     layout = {k: (shape, offs, szs, t.dtype, tuple(t.shape), t.numel() * t.element_size())
               for k, (shape, offs, szs, t) in items.items()}
-    total = sum(_padded(n) for *_, n in layout.values())
-    layouts = [None] * dist.get_world_size(group=GROUP)
-    dist.all_gather_object(layouts, (layout, total), group=GROUP)
-    longest = max(n for _, n in layouts)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    at = 0
+    head = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+    start = _padded(_HEAD + len(head))
+    size = torch.tensor([start + sum(_padded(n) for *_, n in layout.values())], dtype=torch.int64)
+    dist.all_reduce(size, op=dist.ReduceOp.MAX, group=GROUP)
+    mine = torch.zeros(int(size), dtype=torch.uint8)
+    mine[:_HEAD] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
+    mine[_HEAD:_HEAD + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    at = start
     for *_, t in items.values():  # each piece copied once, into its aligned place
         b = _as_bytes(t)
         mine[at:at + b.numel()] = b
         at += _padded(b.numel())
-    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in layouts]
-    dist.all_gather(bufs, mine, group=GROUP)
+    root = 0 if GROUP is None else dist.get_global_rank(GROUP, 0)
+    if dist.get_rank() != root:
+        dist.gather(mine, None, dst=root, group=GROUP)
+        return None
+    bufs = [torch.empty_like(mine) for _ in range(dist.get_world_size(group=GROUP))]
+    dist.gather(mine, bufs, dst=root, group=GROUP)
     out = []
-    for (lay, _), buf in zip(layouts, bufs):
-        at, got = 0, {}
+    for buf in bufs:
+        n = int(buf[:_HEAD].view(torch.int64))
+        lay = pickle.loads(buf[_HEAD:_HEAD + n].numpy().tobytes())
+        at, got = _padded(_HEAD + n), {}
         for k, (shape, offs, szs, dtype, local_shape, nbytes) in lay.items():
             raw = buf[at:at + nbytes]
             at += _padded(nbytes)

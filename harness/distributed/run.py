@@ -32,10 +32,10 @@ def _leaves(tree, prefix: str = ""):
 
 def flatten(tree, raw: bool = True) -> dict:
     """{"model": {"fc1.weight": t}, "optim": {"state": {...}}} -> {"model.fc1.weight": t, ...}
-    with whole CPU tensors (DTensors gathered: one collective for the whole tree) and other
-    leaves as they are. ``raw``: quantized tensors as their raw parts -- the reference's
-    gathered to full size, TE's as this rank's buffers (``#local.``) plus the values -- else
-    as dequantized values."""
+    with whole CPU tensors (DTensors gathered to rank 0, placeholders elsewhere: one
+    collective for the whole tree) and other leaves as they are. ``raw``: quantized tensors as
+    their raw parts -- the reference's gathered to full size, TE's as this rank's buffers
+    (``#local.``) plus the values -- else as dequantized values."""
     out, g = {}, Gather()
     for key, v in _leaves(tree):
         if not isinstance(v, torch.Tensor):
@@ -63,7 +63,8 @@ def flatten(tree, raw: bool = True) -> dict:
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on every rank (collective for DTensors); quantized -> dequantized."""
+    """The whole tensor (collective for DTensors: on rank 0, a placeholder elsewhere --
+    distributed/gather.py); quantized -> dequantized."""
     return flatten({"t": t}, raw=False)["t"]
 
 

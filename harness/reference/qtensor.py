@@ -183,8 +183,8 @@ def add_parts(local, g, key: str, t) -> None:
 
 
 def full_parts(t) -> dict:
-    """The raw parts of a (DTensor of a) QuantizedTensor at full size, on every rank
-    (collective for DTensors)."""
+    """The raw parts of a (DTensor of a) QuantizedTensor at full size (collective for
+    DTensors: whole on rank 0, placeholders elsewhere -- distributed/gather.py)."""
     from harness.distributed.gather import Gather
     if not isinstance(t, DTensor):
         return {k: v.detach().cpu().clone() for k, v in t._parts.items()}
