@@ -29,7 +29,8 @@ from torch.distributed.tensor import DTensor
 from harness.calibration import tolerances
 from harness.checks import wire
 from harness.checks.quantized import record_wire, unsharded
-from harness.distributed.run import full, is_quantized, raw_buffers
+from harness.distributed.gather import diverged
+from harness.distributed.run import flatten, full, is_quantized, raw_buffers
 
 
 def _local(t):
@@ -42,7 +43,9 @@ def quantized_allgather_parity(run, rec) -> None:
              f"{len(params)} quantized parameters")
     if not params:
         return
-    manual = {n: full(p) for n, p in params}  # each shard dequantized with its own scale
+    # each shard dequantized with its own scale, one gather; shards whose regions collide (TP
+    # pieces that are no DTensors) leave replicas_diverge entries that the comparison is given
+    manual = flatten(dict(params), raw=False)
     shard_raw, scalars = _gather_buffers(params)
     gathered, bad, unsharded_now = {}, [], []
     with wire.recording() as moved, unsharded(run.model) as params_now:
@@ -73,8 +76,11 @@ def quantized_allgather_parity(run, rec) -> None:
     rec.flag("quantized_allgather_parity", "quantized_unshard", not bad,
              "; ".join(bad) or "every unsharded weight is quantized")
     if gathered:
+        want = {n: manual[n] for n in gathered}
+        for n in gathered:
+            want.update(diverged(manual, n))
         rec.compare("quantized_allgather_parity", "dequantized_vs_manual_gather", gathered,
-                    {n: manual[n] for n in gathered}, tolerances.BITWISE)
+                    want, tolerances.BITWISE)
         rec.compare("quantized_allgather_parity", "raw_vs_manual_gather", raw_got, raw_want,
                     tolerances.BITWISE)
         if skipped:

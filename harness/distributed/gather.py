@@ -83,6 +83,12 @@ class Gather:
         return out
 
 
+def diverged(result: dict, key: str) -> dict:
+    """The entries of a gather's ``result`` that say ``key``'s replicas diverged (none where
+    they agree): a comparison that is given them fails, naming the ranks and the region."""
+    return {k: v for k, v in result.items() if k.startswith(f"{key}#replicas_diverge(")}
+
+
 def held(t) -> bool:
     """Whether ``t`` holds values on this rank (not a placeholder of a whole tensor that only
     rank 0 holds)."""
