@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from harness.calibration import tolerances
 from harness.checks import wire
-from harness.distributed.gather import diverged, held
+from harness.distributed.gather import entries, held
 from harness.distributed.run import flatten, full
 
 
@@ -72,7 +72,7 @@ def quantized_allgather_parity(run, rec) -> None:
         local = p._local_tensor if isinstance(p, DTensor) else p
         master = run.optim.state.get(p, {}).get("master_param")
         whole = master is not None and (isinstance(master, DTensor) or not isinstance(p, DTensor))
-        shards[name] = dict(parts=type(local).full_parts(p), dequantized=manual[name],
+        shards[name] = dict(parts=type(local).full_parts(p),
                             master=full(master) if whole else None,
                             quantizer=local._quantizer, codec=local._codec)
     gathered_raw, manual_raw, gathered_deq, manual_deq, violations = {}, {}, {}, {}, []
@@ -91,11 +91,9 @@ def quantized_allgather_parity(run, rec) -> None:
                 continue
             got = type(u_local).full_parts(u)  # the usage FSDP2 gathered (rowwise or both)
             gathered_raw.update(_prefixed(got, name))
-            manual_raw.update(_prefixed({k: v for k, v in shards[name]["parts"].items()
-                                         if k.partition("#replicas_diverge(")[0] in got}, name))
+            manual_raw.update(_prefixed(entries(shards[name]["parts"], got), name))
             gathered_deq[name] = full(u)
-            manual_deq[name] = shards[name]["dequantized"]
-            manual_deq.update(diverged(manual, name))
+            manual_deq.update(entries(manual, [name]))
     record_wire(rec, moved, [n for n, _ in params], run.case.recipe)
     rec.flag("quantized_allgather_parity", "quantized_unshard", not violations,
              "; ".join(violations) or "every unsharded weight is quantized")

@@ -83,10 +83,16 @@ class Gather:
         return out
 
 
-def diverged(result: dict, key: str) -> dict:
-    """The entries of a gather's ``result`` that say ``key``'s replicas diverged (none where
-    they agree): a comparison that is given them fails, naming the ranks and the region."""
-    return {k: v for k, v in result.items() if k.startswith(f"{key}#replicas_diverge(")}
+def entries(result: dict, keys) -> dict:
+    """A gather's ``result`` for ``keys`` (those it has), each with the entries that say its
+    replicas diverged (none where they agree): a comparison given them fails, naming the ranks
+    and the region."""
+    out = {}
+    for key in keys:
+        if key in result:
+            out[key] = result[key]
+        out.update({k: v for k, v in result.items() if k.startswith(f"{key}#replicas_diverge(")})
+    return out
 
 
 def held(t) -> bool:
