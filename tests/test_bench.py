@@ -63,3 +63,24 @@ def test_a_benchmark_run_writes_its_figures(tmp_path):
     assert s["cpu_busy_timeline"] and all(0 <= v <= 1 for _, v in s["cpu_busy_timeline"])
     assert {u["unit"] for u in s["units"]} >= {"train", "save", "load", "fp32_parity"}
     assert "host CPUs busy" in p.stdout
+
+
+def test_a_train_phase_cases_share_counts_once_in_the_units():
+    """Two cases, one of them carrying the other's train phase (a note): train seconds once,
+    the reshard phase's own seconds kept."""
+    import pandas as pd
+
+    def row(case, phase, check, quantity, metric, value):
+        return dict(case_id=case, phase=phase, check=check, quantity=quantity, metric=metric,
+                    value=value, case_outcome="passed")
+    rows = [row("a", "", "case", "", "duration_s", 3.0),
+            row("b", "", "case", "", "duration_s", 4.0),
+            row("a", "train", "train", "time", "seconds", 2.0),
+            row("b", "train", "train", "time", "seconds", 2.0),
+            row("b", "train", "train", "shared_train_phase", "note", float("nan")),
+            row("b", "reshard", "reshard", "time", "seconds", 1.0)]
+    with bench.UsageSampler(period_s=60, stat="/nonexistent") as usage:
+        pass
+    s = bench.summarize(pd.DataFrame(rows), {}, 10.0, usage)
+    units = {u["unit"]: (u["total_s"], u["count"]) for u in s["units"]}
+    assert units == {"train": (2.0, 1), "reshard": (1.0, 1)} and s["checked"] == 2

@@ -8,13 +8,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from subprocs import run_pytest
 
 from harness.checks.base import Check
-from harness.launch.case_result import SHARED, assemble, not_run_reshard
-from harness.launch.launcher import Launcher
-from harness.launch.scheduler import Scheduler
+from harness.launch.case_result import assemble, not_run_reshard
 from harness.launch.task_graph import TaskGraph
 from harness.launch.tasks import TaskResult
+from harness.spec.catalog import SHARED_TRAIN_PHASE as SHARED
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
 from harness.worker.runner import producers_for
@@ -122,28 +122,40 @@ def test_a_train_phase_a_reshard_loads_saves_even_where_no_check_needs_the_check
 
 @pytest.mark.integration
 def test_a_run_trains_once_for_the_cases_that_share_a_train_phase(cases, tmp_path):
-    """Real launches (CPU): 4 cases, 2 trainings; the shared cases pass with the reshard
-    loading the checkpoint and the expected state the case without target saved; the case
-    with a fault trains itself and its reshard fails as the fault says."""
-    with Scheduler(Launcher(tmp_path / "launches", "torch", "cpu"), list(cases.values()),
-                   tmp_path / "ckpt") as sched:
-        res = {k: sched.result(c) for k, c in cases.items()}
-    trained = sorted(p.name for p in (tmp_path / "launches").glob("L*/results/*.train.json"))
+    """A real run (pytest, CPU launches): 4 cases, 2 trainings; the shared cases pass with the
+    reshard loading the checkpoint and expected state the case without target saved, their
+    history rows carry that training's rows and the note; the case with a fault trains itself
+    and its reshard fails as the fault says."""
+    import pandas as pd
+
+    scen = tmp_path / SCENARIO.name
+    scen.write_text(SCENARIO.read_text())
+    rc, out = run_pytest(tmp_path, "--scenario", str(scen), "--report-dir",
+                         str(tmp_path / "rep"), timeout=300)
+    assert rc == 1 and "3 passed, 1 failed" in out, out[-3000:]
+    assert "2 resharding case(s) loaded the checkpoint the same case without target saved" \
+        in out
+    [run] = (tmp_path / "rep" / "runs").iterdir()
+    trained = sorted(p.name for p in run.glob("launches/L*/results/*.train.json"))
     assert trained == sorted(f"{c.key}.train.json" for k, c in cases.items()
                              if k in ("none-none", "to_dp4-perturb_loaded"))
+    df = pd.read_parquet(next((tmp_path / "rep" / "history").glob("*.parquet")))
+    cols = ["phase", "check", "quantity", "metric", "value", "row_outcome"]
     none = cases["none-none"]
-    assert (tmp_path / "ckpt" / none.key / "expected.pt").is_file()
-    train_rows = [r for r in res["none-none"].rows if r["phase"] == "train"]
+
+    def train_rows(case):
+        d = df[(df["case_id"] == case.id) & (df["phase"] == "train")
+               & (df["quantity"] != SHARED) & (df["quantity"] != "time")]
+        return d[cols].fillna(-1).to_dict("records")
     for k in ("to_dp4-none", "to_hsdp2x1-none"):
-        r = res[k]
-        assert r.passed, (r.errors, r.failed_rows)
-        assert [x for x in r.rows if x["phase"] == "train" and x["quantity"] != SHARED] == \
-            train_rows
-        cov = {x["check"]: x["outcome"] for x in r.rows
-               if x["metric"] == "coverage" and x["phase"] == "reshard"}
-        assert cov["reshard"] == cov["reshard_load"] == "passed", cov
-        assert any(x["quantity"] == SHARED and none.id in x["detail"] for x in r.rows)
-    faulted = res["to_dp4-perturb_loaded"]
-    assert not any(x["quantity"] == SHARED for x in faulted.rows)
-    assert {(x["check"], x["quantity"]) for x in faulted.failed_rows
-            if x["phase"] == "reshard"} >= {("reshard", "state")}
+        mine = df[df["case_id"] == cases[k].id]
+        assert (mine.loc[mine["check"] == "case", "row_outcome"] == "passed").all()
+        assert train_rows(cases[k]) == train_rows(none)
+        [note] = mine.loc[mine["quantity"] == SHARED, "detail"]
+        assert none.id in note
+        cov = mine[(mine["metric"] == "coverage") & (mine["phase"] == "reshard")]
+        assert set(cov["row_outcome"]) == {"passed"} and len(cov) >= 3
+    faulted = df[df["case_id"] == cases["to_dp4-perturb_loaded"].id]
+    assert not (faulted["quantity"] == SHARED).any()
+    bad = faulted[(faulted["phase"] == "reshard") & (faulted["row_outcome"] == "fail")]
+    assert ("reshard", "state") in set(zip(bad["check"], bad["quantity"]))

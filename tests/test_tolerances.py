@@ -103,6 +103,31 @@ def test_calibration_takes_passing_runs_of_their_own_population_only():
     assert ("cuda", "gloo", "2", "*") not in got
 
 
+def test_a_shared_train_phase_is_one_sample():
+    """The train-phase rows a resharding case carries from the case whose train task it
+    shares (its ``shared_train_phase`` note) are that training's sample, counted once; its
+    reshard-phase rows are its own."""
+    import pandas as pd
+
+    from harness.calibration import derive
+
+    def row(case, phase, check, quantity, value, metric="rel_l2"):
+        return dict(scenario="calibration", case_id=case, phase=phase, check=check,
+                    quantity=quantity, recipe="bf16", metric=metric, value=value,
+                    row_outcome="pass" if metric != "note" else "info", module="LayerNormMLP",
+                    backend="te", device="cpu", mesh="dp2", pg_backend="gloo", tolerance=1.0,
+                    case_status="ok")
+    rows = [row(f"none{i}", "train", "fp32_parity", "params", 0.01) for i in range(10)]
+    rows += [row(f"to_dp4-{i}", "train", "fp32_parity", "params", 0.01) for i in range(10)]
+    rows += [row(f"to_dp4-{i}", "reshard", "reshard", "next_params", 0.02) for i in range(10)]
+    rows += [row(f"to_dp4-{i}", "train", "train", "shared_train_phase", float("nan"), "note")
+             for i in range(5)]
+    got = {(r["check"], r["world_size"], r["module"]): r
+           for r in derive.measured(pd.DataFrame(rows))}
+    assert got[("fp32_parity", "*", "*")]["n"] == 15  # 5 of the 20 were the same trainings
+    assert got[("reshard", "*", "*")]["n"] == 10
+
+
 def test_shipped_calibration_covers_every_calibrated_quantity():
     from harness.calibration.derive import CALIBRATED
     from harness.spec.catalog import RECIPES, TASK_LOSS

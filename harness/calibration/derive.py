@@ -13,7 +13,9 @@ for bit, nothing crashed) and whose units no registered failure explains (covera
 quantities count whether or not they passed the tolerance the run was judged by: that is the
 previous calibration, which a new kind of case (a new module, mesh or reshard) has no
 population in yet. ``python -m harness calibrate`` prints such rows (``beyond_previous``) for
-review: a change of the numerics shows there before it enters a tolerance.
+review: a change of the numerics shows there before it enters a tolerance. A training counts
+once: the train-phase rows a case carries from another case's train task (a shared train
+phase, harness/launch/task_graph.py) are that case's sample, not a second one.
 p99 is numpy's linear-interpolated 99th percentile, per loss (``catalog.TASK_LOSS``
 of the case's module: MSE layers and next-token models apart).
 """
@@ -69,6 +71,11 @@ def measured(df: pd.DataFrame) -> list[dict]:
     if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
         broken |= set(df.loc[df["case_status"].isin(["error", "timeout", "crash"]), "case_id"])
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail"])]
+    # a case whose train phase another case ran carries that training's rows: one sample each
+    notes = (df["quantity"] == catalog.SHARED_TRAIN_PHASE) & (df["metric"] == "note")
+    shared = set(df.loc[notes, "case_id"])
+    if shared:
+        rows = rows[~(rows["case_id"].isin(shared) & (rows["phase"] == "train"))]
     keep = [(c, q) in CALIBRATED and (cid, c) not in excluded and cid not in broken
             for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
     rows = rows[keep]

@@ -40,6 +40,7 @@ class Artifacts:
     via: dict[str, str] = field(default_factory=dict)  # artifact -> workaround that made it
     rec: Any = None  # the case's Recorder (producers record traces, e.g. the loss per step)
     load_fn: Callable | None = None  # how producers load a checkpoint: fn(run, path)
+    for_reshard: bool = False  # a reshard phase loads the train phase's checkpoint
 
     def __getitem__(self, name: str) -> Any:
         return self.have[name]

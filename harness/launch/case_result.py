@@ -57,12 +57,23 @@ def not_run_reshard(case: Case, train: TaskResult | None) -> list[dict]:
                  outcome="not_run", detail=why) for u in units]
 
 
+def shared_note(train: Task) -> dict:
+    """The note a case gets whose train phase is another case's train task."""
+    return dict(check="train", quantity=catalog.SHARED_TRAIN_PHASE, metric="note", value=math.nan,
+                tolerance=math.nan, outcome="info", phase="train",
+                detail=f"the train phase (training, save, load and the checks of the trained "
+                       f"model) is that of {train.case.id}: the same case but for the reshard "
+                       f"target, trained once for both")
+
+
 def assemble(case: Case, tasks: list[Task], done: dict) -> CaseResult:
     """A case's result from its tasks' results: the worst status, every row (with its phase),
     errors, stacks and logs."""
     res = CaseResult(case=case, status="ok")
     for t in tasks:
         r = done[t.name]
+        if t.case.key != case.key:
+            res.rows.append(shared_note(t))
         if _SEVERITY.get(r.status, 1) > _SEVERITY[res.status]:
             res.status = r.status
         res.rows += [dict(row, phase=t.phase) for row in r.rows]

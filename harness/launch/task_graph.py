@@ -1,7 +1,11 @@
 """The tasks of a run and what depends on what.
 
 A case has a ``train`` task on its mesh's world size and, when it reshards, a ``reshard`` task
-on the target's world size that loads the train task's checkpoint. Tasks are grouped by *key*
+on the target's world size that loads the train task's checkpoint. A resharding case whose
+train phase another case of the run has too (same ``Case.train_key``: the same case but for
+the target, e.g. dp2-sync-to_dp4 and dp2-sync-none) shares that case's train task instead of
+training the same model again: its result holds that task's rows, as its own train phase would
+have made them, and a note names the case. Tasks are grouped by *key*
 (scope, world size): the lanes of a key run its tasks. A task is *open* while it has no result
 and no lane holds it; an open task is *ready* when it can run now.
 """
@@ -20,12 +24,30 @@ class TaskGraph:
     def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str]):
         self.scope_of = scope_of
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
+        self.train_of: dict[str, Task] = {}  # reshard task name -> the train task it loads from
+        self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
+        # case key -> the case whose train task it shares (its train phase is that case's)
+        self.shared_with: dict[str, Case] = {}
+        trains: dict[tuple, Task] = {}  # (scope, train key) -> a case's train task without target
         for c in cases:
-            ckpt = Path(ckpt_root) / c.key
-            ts = [Task(f"{c.key}.train", c, "train", ckpt)]
+            if c.target is None:
+                trains.setdefault((scope_of(c), c.train_key),
+                                  Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key))
+        for c in cases:
+            train = trains.get((scope_of(c), c.train_key))
+            if train is None or (c.target is None and train.case is not c):
+                train = Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key)
+            elif train.case is not c:
+                self.shared_with[c.key] = train.case
+            self.tasks[c.key] = [train]
             if c.target is not None:
-                ts.append(Task(f"{c.key}.reshard", c, "reshard", ckpt))
-            self.tasks[c.key] = ts
+                train.for_reshard = True
+                reshard = Task(f"{c.key}.reshard", c, "reshard", train.ckpt_dir)
+                self.train_of[reshard.name] = train
+                self.followers.setdefault(train.name, []).append(reshard)
+                self.tasks[c.key].append(reshard)
+        # every task once, in the cases' order (a shared train task is in several lists)
+        self.all = list({t.name: t for ts in self.tasks.values() for t in ts}.values())
         self.done: dict[str, TaskResult] = {}
 
     def key(self, t: Task) -> tuple:
@@ -33,7 +55,7 @@ class TaskGraph:
 
     def keys(self) -> list[tuple]:
         """Every key, the larger worlds first."""
-        keys = {self.key(t) for ts in self.tasks.values() for t in ts}
+        keys = {self.key(t) for t in self.all}
         return sorted(keys, key=lambda k: (k[0], -k[1]))
 
     def pending(self, case_key: str) -> list[str]:
@@ -43,17 +65,16 @@ class TaskGraph:
         return not any(self.pending(k) for k in self.tasks)
 
     def timeout_s(self, key: tuple) -> float:
-        return max(t.case.timeout_s for ts in self.tasks.values() for t in ts
-                   if self.key(t) == key)
+        return max(t.case.timeout_s for t in self.all if self.key(t) == key)
 
-    def train_ok(self, case: Case) -> bool:
-        """The train task finished and saved the checkpoint the reshard task loads."""
-        r = self.done.get(f"{case.key}.train")
+    def train_ok(self, train: Task) -> bool:
+        """The train task finished and saved the checkpoint its reshard tasks load."""
+        r = self.done.get(train.name)
         return r is not None and r.status == "ok" and not save_missing(r)
 
     def open(self, key: tuple, held: set[str]) -> list[Task]:
         """Tasks of ``key`` with no result that no lane holds (``held``): ready now or later."""
-        return [t for ts in self.tasks.values() for t in ts
+        return [t for t in self.all
                 if t.name not in self.done and t.name not in held and self.key(t) == key]
 
     def ready(self, key: tuple, held: set[str]) -> list[list[Task]]:
@@ -65,14 +86,15 @@ class TaskGraph:
         names = {t.name for t in open_}
         out = []
         for t in open_:
-            train = f"{t.case.key}.train"
             if t.phase == "train":
-                out.append([t] + [r for r in self.tasks[t.case.key][1:] if r.name in names])
-            elif train in names:
+                out.append([t] + [r for r in self.followers.get(t.name, ()) if r.name in names])
+                continue
+            train = self.train_of[t.name]
+            if train.name in names:
                 continue  # goes with its train task
-            elif self.train_ok(t.case):
+            if self.train_ok(train):
                 out.append([t])
-            elif train in self.done:
+            elif train.name in self.done:
                 self.done[t.name] = TaskResult(t.name, "ok", rows=not_run_reshard(
-                    t.case, self.done[train]))
+                    t.case, self.done[train.name]))
         return out

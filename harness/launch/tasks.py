@@ -15,6 +15,7 @@ class Task:
     case: Case
     phase: str  # "train" | "reshard"
     ckpt_dir: Path
+    for_reshard: bool = False  # a train task whose checkpoint a reshard task loads
 
     @property
     def world_size(self) -> int:
@@ -22,7 +23,7 @@ class Task:
 
     def to_json(self) -> dict:
         return dict(name=self.name, case=self.case.to_json(), phase=self.phase,
-                    ckpt_dir=str(self.ckpt_dir))
+                    ckpt_dir=str(self.ckpt_dir), for_reshard=self.for_reshard)
 
 
 @dataclass

@@ -11,8 +11,8 @@ reads that run's history and launch records and prints:
 * the launches' own phases (process start, imports, process group, backend import, waiting
   for the first task, teardown) and the share of wall time no task ran (launch overhead: the
   union of the launches' task intervals against the wall);
-* seconds per producer and check (summed over cases, the slowest rank each), total and per
-  case;
+* seconds per producer and check (summed over cases, the slowest rank each; a train phase
+  cases share counted once), total and per case;
 * the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs;
 * the host's CPUs' busy share (``/proc/stat``, where there is one): the mean over the run and
   one value every 2 s -- whether the cores were the limit, and when (the whole TE matrix on one
@@ -36,6 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.launch.tasks import task_wall
+from harness.spec.catalog import SHARED_TRAIN_PHASE
 
 PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown")
 
@@ -141,6 +142,10 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
         session = dict(before_first_launch_s=round(min(starts) - t0, 2),
                        after_last_launch_s=round(t0 + wall - max(ends), 2))
     t = df[(df["quantity"] == "time") & (df["metric"] == "seconds")]
+    # a case whose train phase another case ran carries that task's rows: count them once
+    notes = (df["quantity"] == SHARED_TRAIN_PHASE) & (df["metric"] == "note")
+    shared = set(df.loc[notes, "case_id"])
+    t = t[~(t["case_id"].isin(shared) & (t["phase"] == "train"))]
     units = (t.groupby(["phase", "check"])["value"].agg(["sum", "count"])
              .sort_values("sum", ascending=False))
     n = max(len(cases), 1)

@@ -13,6 +13,7 @@ from harness.launch import disk, interrupt
 from harness.launch.tasks import task_wall
 from harness.results import write as results
 from harness.results.case_rows import case_rows, judged_rows
+from harness.spec import catalog
 from harness.verdict import mutation_score
 
 LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
@@ -100,6 +101,12 @@ class RunRecord:
             most = max(int(i.get("ranks_per_gpu") or 0) for i in shared)
             tr.write_line(f"{len(shared)} case(s) ran with ranks sharing GPUs (gloo, up to "
                           f"{most} ranks a GPU; --gpu-share): not an NCCL run")
+        reuse = sum(1 for o, info in self.collected.values() if o != "skipped" and any(
+            r.get("quantity") == catalog.SHARED_TRAIN_PHASE for r in info.get("rows") or ()))
+        if reuse:
+            tr.write_line(f"{reuse} resharding case(s) loaded the checkpoint the same case "
+                          f"without target saved, trained once (a train / "
+                          f"{catalog.SHARED_TRAIN_PHASE} note names that case)")
         for secs, cid in sorted(ran, reverse=True)[:5]:
             tr.write_line(f"  slow: {secs:6.1f}s  {cid}")
         _launches(tr, self.launch_records, time.time() - self.t0)

@@ -118,6 +118,10 @@ PRODUCERS = {
     "reshard_load": "a fresh model + optimizer on the target mesh, loaded from the checkpoint",
 }
 UNITS = tuple(PRODUCERS) + tuple(CHECKS) + ("case",)
+RESHARD_PRODUCERS = ("expected", "reshard_load")  # the reshard phase's
+# the quantity of the note a case gets whose train phase another case's train task ran
+# (harness/launch/task_graph.py): its train-phase rows are that training's, counted once
+SHARED_TRAIN_PHASE = "shared_train_phase"
 
 # Axes every scenario has, in id order. Extra axes (e.g. 'fixes', 'fault') follow them.
 CORE_AXES = ("recipe", "mesh", "module", "dcp", "reshard")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import itertools
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,6 +60,22 @@ class Case:
     def world_sizes(self) -> tuple[int, ...]:
         t = self.target
         return (self.mesh.world_size,) + ((t.world_size,) if t else ())
+
+    @property
+    def train_key(self) -> str:
+        """What determines the case's train phase: every field but its reshard target and what
+        only the reshard phase runs (the ``reshard`` check, the reshard producers'
+        workarounds). Cases with equal keys train, save and check the trained model the same
+        way, so a run trains once for them (harness/launch/task_graph.py). The larger TP size
+        of mesh and target stays in: a backend may set the train phase up for a TP target
+        (the TE backend's #2713 port patches)."""
+        d = self.to_json()
+        d["axes"] = [[a, v] for a, v in self.axes if a != "reshard"]
+        d["checks"] = [c for c in self.checks if c != "reshard"]
+        d["workarounds"] = [list(w) for w in self.workarounds
+                            if w[0] not in catalog.RESHARD_PRODUCERS]
+        d["tp"] = max(m.tp for m in (self.mesh, self.target) if m is not None)
+        return json.dumps(d, sort_keys=True, default=str)
 
     @property
     def task(self) -> str:

@@ -195,7 +195,8 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
     rec, error, broken, t0 = Recorder(), None, False, time.time()
     try:
         faults.at_case_start(case, ctx.rank)
-        runner.run_phase(ctx, case, task["phase"], ckpt, rec, plan["health_timeout_s"])
+        runner.run_phase(ctx, case, task["phase"], ckpt, rec, plan["health_timeout_s"],
+                         for_reshard=task.get("for_reshard", False))
     except runner.GroupBroken as e:
         broken = True
         print(f"group broken: {e}", flush=True)

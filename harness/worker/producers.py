@@ -201,7 +201,7 @@ def save(art) -> dict:
     dist.barrier()
     next_params = run.full_params()
     next_state = run.full_state() if ctx.backend.lazy_buffers else None
-    if case.target is not None:
+    if art.for_reshard:  # a reshard phase loads this checkpoint
         on_rank0(ctx, lambda: torch.save(
             {"state": state, "next_loss": next_loss, "next_params": next_params},
             art.ckpt / EXPECTED))

@@ -43,13 +43,14 @@ class GroupBroken(Exception):
     """The main process group cannot be trusted after a failed unit."""
 
 
-def producers_for(phase: str, case, checks) -> list:
+def producers_for(phase: str, checks, for_reshard: bool = False) -> list:
     """The producers whose artifacts the phase's checks need (transitively). The train phase
-    always trains (the loss trace), and saves when the reshard phase will load its checkpoint."""
+    always trains (the loss trace), and saves when a reshard phase will load its checkpoint
+    (``for_reshard``: its own case's, or that of a case sharing the train phase)."""
     need = set().union(*(c.needs for c in checks)) if checks else set()
     if phase == "train":
         need.add("trained")
-        if case.target is not None:
+        if for_reshard:
             need.add("checkpoint")
     mine = [p for p in PRODUCERS if p.phase == phase]
     grew = True
@@ -62,12 +63,13 @@ def producers_for(phase: str, case, checks) -> list:
     return [p for p in mine if set(p.makes) & need]
 
 
-def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0) -> None:
+def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
+              for_reshard: bool = False) -> None:
     checks = [c for c in checks_mod.for_case(ctx.backend, case) if c.phase == phase]
-    art = Artifacts(ctx, case, ckpt, rec=rec, load_fn=checkpoint.load)
+    art = Artifacts(ctx, case, ckpt, rec=rec, load_fn=checkpoint.load, for_reshard=for_reshard)
     walk = _Walk(ctx, case, art, rec, health_timeout_s)
     pending = list(checks)
-    producers = producers_for(phase, case, checks)
+    producers = producers_for(phase, checks, for_reshard)
     try:
         with ctx.backend.case_context(case):
             for p in producers:
@@ -83,7 +85,7 @@ def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0) 
         m = next(a for a in c.needs if a not in art)
         rec.status(c.name, "not_run", f"not run: needs {ARTIFACT_LABELS.get(m, m)}, which "
                                       f"{art.missing.get(m, 'was not made')}")
-    if phase == "train" and case.target is not None and art.missing:
+    if phase == "train" and for_reshard and art.missing:
         # tell the reshard phase why there is no checkpoint to load
         on_rank0(ctx, lambda: (ckpt / TRAIN_MISSING).write_text(json.dumps(art.missing)))
 
