@@ -61,6 +61,7 @@ def test_without_the_case_to_share_with_a_resharding_case_trains_itself(cases):
 @pytest.mark.parametrize("change, shares", [
     (dict(workarounds=(("reshard_load", "load_without_extra_state"),)), True),
     (dict(workarounds=(("load", "load_without_extra_state"),)), False),
+    (dict(marks=("ci",)), True),  # a pytest mark selects cases; it trains nothing
     (dict(axes_reshard="to_dp2xtp2"), False),  # a TP target: the backend may set TP up
     (dict(scope="other"), False),
 ])
@@ -68,6 +69,8 @@ def test_what_makes_train_phases_differ(cases, change, shares):
     none, dp4 = cases["none-none"], cases["to_dp4-none"]
     if "workarounds" in change:
         dp4 = dataclasses.replace(dp4, workarounds=change["workarounds"])
+    if "marks" in change:
+        dp4 = dataclasses.replace(dp4, marks=change["marks"])
     if "axes_reshard" in change:
         dp4 = dataclasses.replace(dp4, axes=tuple(
             (a, change["axes_reshard"] if a == "reshard" else v) for a, v in dp4.axes))

@@ -63,9 +63,9 @@ class Case:
 
     @property
     def train_key(self) -> str:
-        """What determines the case's train phase: every field but its reshard target and what
-        only the reshard phase runs (the ``reshard`` check, the reshard producers'
-        workarounds). Cases with equal keys train, save and check the trained model the same
+        """What determines the case's train phase: every field but its reshard target, its
+        pytest marks and what only the reshard phase runs (the ``reshard`` check, the reshard
+        producers' workarounds). Cases with equal keys train, save and check the trained model the same
         way, so a run trains once for them (harness/launch/task_graph.py). The larger TP size
         of mesh and target stays in: a backend may set the train phase up for a TP target
         (the TE backend's #2713 port patches)."""
@@ -74,6 +74,7 @@ class Case:
         d["checks"] = [c for c in self.checks if c != "reshard"]
         d["workarounds"] = [list(w) for w in self.workarounds
                             if w[0] not in catalog.RESHARD_PRODUCERS]
+        d["marks"] = []  # pytest's selection only
         d["tp"] = max(m.tp for m in (self.mesh, self.target) if m is not None)
         return json.dumps(d, sort_keys=True, default=str)
 
