@@ -60,6 +60,17 @@ def loss_of(module: str, recorded=None) -> str | None:
     return catalog.TASK_LOSS[task] if task is not None else None
 
 
+def carried(rows: pd.DataFrame, history: pd.DataFrame) -> pd.Series:
+    """Which of ``rows`` a case carries from another case's train task: the train-phase rows of
+    the cases ``history`` gives a shared_train_phase note (harness/launch/task_graph.py) -- that
+    training's rows, which the case that ran it has too."""
+    notes = (history["quantity"] == catalog.SHARED_TRAIN_PHASE) & (history["metric"] == "note")
+    shared = set(history.loc[notes, "case_id"])
+    if not shared:  # (rows of old histories may have no phase column)
+        return pd.Series(False, index=rows.index)
+    return rows["case_id"].isin(shared) & (rows["phase"] == "train")
+
+
 def measured(df: pd.DataFrame) -> list[dict]:
     df = df[df["scenario"].isin(SCENARIOS)]
     cov = df[df["metric"] == "coverage"]
@@ -71,11 +82,7 @@ def measured(df: pd.DataFrame) -> list[dict]:
     if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
         broken |= set(df.loc[df["case_status"].isin(["error", "timeout", "crash"]), "case_id"])
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail"])]
-    # a case whose train phase another case ran carries that training's rows: one sample each
-    notes = (df["quantity"] == catalog.SHARED_TRAIN_PHASE) & (df["metric"] == "note")
-    shared = set(df.loc[notes, "case_id"])
-    if shared:
-        rows = rows[~(rows["case_id"].isin(shared) & (rows["phase"] == "train"))]
+    rows = rows[~carried(rows, df)]  # one sample per training
     keep = [(c, q) in CALIBRATED and (cid, c) not in excluded and cid not in broken
             for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
     rows = rows[keep]

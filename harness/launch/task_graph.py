@@ -24,31 +24,27 @@ class TaskGraph:
     def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str]):
         self.scope_of = scope_of
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
-        self.train_of: dict[str, Task] = {}  # reshard task name -> the train task it loads from
         self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
-        # case key -> the case whose train task it shares (its train phase is that case's)
-        self.shared_with: dict[str, Case] = {}
-        trains: dict[tuple, Task] = {}  # (scope, train key) -> a case's train task without target
+        def own(c: Case) -> Task:
+            return Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key)
+        # the train tasks of the cases without target: the ones a resharding case may share
+        trains = {(scope_of(c), c.train_key): own(c) for c in cases if c.target is None}
         for c in cases:
-            if c.target is None:
-                trains.setdefault((scope_of(c), c.train_key),
-                                  Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key))
-        for c in cases:
-            train = trains.get((scope_of(c), c.train_key))
-            if train is None or (c.target is None and train.case is not c):
-                train = Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key)
-            elif train.case is not c:
-                self.shared_with[c.key] = train.case
+            train = trains.get((scope_of(c), c.train_key)) or own(c)
             self.tasks[c.key] = [train]
             if c.target is not None:
                 train.for_reshard = True
                 reshard = Task(f"{c.key}.reshard", c, "reshard", train.ckpt_dir)
-                self.train_of[reshard.name] = train
                 self.followers.setdefault(train.name, []).append(reshard)
                 self.tasks[c.key].append(reshard)
         # every task once, in the cases' order (a shared train task is in several lists)
         self.all = list({t.name: t for ts in self.tasks.values() for t in ts}.values())
         self.done: dict[str, TaskResult] = {}
+
+    @property
+    def shared_with(self) -> dict[str, Case]:
+        """Case key -> the case whose train task it shares (its train phase is that case's)."""
+        return {k: ts[0].case for k, ts in self.tasks.items() if ts[0].case.key != k}
 
     def key(self, t: Task) -> tuple:
         return self.scope_of(t.case), t.world_size
@@ -89,7 +85,7 @@ class TaskGraph:
             if t.phase == "train":
                 out.append([t] + [r for r in self.followers.get(t.name, ()) if r.name in names])
                 continue
-            train = self.train_of[t.name]
+            train = self.tasks[t.case.key][0]
             if train.name in names:
                 continue  # goes with its train task
             if self.train_ok(train):

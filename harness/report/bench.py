@@ -35,8 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.calibration import derive
 from harness.launch.tasks import task_wall
-from harness.spec.catalog import SHARED_TRAIN_PHASE
 
 PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown")
 
@@ -142,10 +142,7 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
         session = dict(before_first_launch_s=round(min(starts) - t0, 2),
                        after_last_launch_s=round(t0 + wall - max(ends), 2))
     t = df[(df["quantity"] == "time") & (df["metric"] == "seconds")]
-    # a case whose train phase another case ran carries that task's rows: count them once
-    notes = (df["quantity"] == SHARED_TRAIN_PHASE) & (df["metric"] == "note")
-    shared = set(df.loc[notes, "case_id"])
-    t = t[~(t["case_id"].isin(shared) & (t["phase"] == "train"))]
+    t = t[~derive.carried(t, df)]  # a train phase cases share, counted once
     units = (t.groupby(["phase", "check"])["value"].agg(["sum", "count"])
              .sort_values("sum", ascending=False))
     n = max(len(cases), 1)

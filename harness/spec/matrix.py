@@ -65,10 +65,10 @@ class Case:
     def train_key(self) -> str:
         """What determines the case's train phase: every field but its reshard target, its
         pytest marks and what only the reshard phase runs (the ``reshard`` check, the reshard
-        producers' workarounds). Cases with equal keys train, save and check the trained model the same
-        way, so a run trains once for them (harness/launch/task_graph.py). The larger TP size
-        of mesh and target stays in: a backend may set the train phase up for a TP target
-        (the TE backend's #2713 port patches)."""
+        producers' workarounds). Cases with equal keys train, save and check the trained model
+        the same way, so a run trains once for them (harness/launch/task_graph.py). The larger
+        TP size of mesh and target stays in: a backend may set the train phase up for a TP
+        target (the TE backend's #2713 port patches)."""
         d = self.to_json()
         d["axes"] = [[a, v] for a, v in self.axes if a != "reshard"]
         d["checks"] = [c for c in self.checks if c != "reshard"]
