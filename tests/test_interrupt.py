@@ -75,8 +75,9 @@ def _env(scratch_tmp: Path) -> dict:
     return {**harness_env(), "TMPDIR": str(scratch_tmp)}
 
 
-def _start(tmp_path, scratch_tmp):
-    """A ``pytest --scenario stopme`` subprocess in a session of its own; (popen, reports,
+def _start(tmp_path, scratch_tmp, rank_start="fresh"):
+    """A ``pytest --scenario stopme`` subprocess in a session of its own, its ranks started
+    ``rank_start`` (fresh Pythons, or forked from the run's rank server); (popen, reports,
     work dir)."""
     scen = tmp_path / "scen"
     scen.mkdir()
@@ -85,7 +86,7 @@ def _start(tmp_path, scratch_tmp):
     work.mkdir()
     env = _env(scratch_tmp)
     argv = pytest_argv("--scenario", "stopme", "--scenario-dir", str(scen), "--report-dir",
-                       str(reports), "--work-dir", str(work))
+                       str(reports), "--work-dir", str(work), "--rank-start", rank_start)
     # as a terminal's pytest: a shell's background job (how this suite may itself be run)
     # ignores SIGINT, a child inherits that and Python then never raises KeyboardInterrupt --
     # the SIGINT case timed out twice that way; a handler here is reset to the default on exec
@@ -107,10 +108,12 @@ def _wait_gone(sampler, timeout_s: float) -> float:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("who, sig", [("group", signal.SIGINT), ("pytest", signal.SIGTERM)],
-                         ids=["SIGINT-to-group", "SIGTERM-to-pytest"])
-def test_signal_stops_the_run_cleanly(tmp_path, scratch_tmp, who, sig):
-    p, reports, work = _start(tmp_path, scratch_tmp)
+@pytest.mark.parametrize("who, sig, rank_start", [
+    ("group", signal.SIGINT, "fresh"), ("pytest", signal.SIGTERM, "fresh"),
+    ("pytest", signal.SIGTERM, "fork")],
+    ids=["SIGINT-to-group", "SIGTERM-to-pytest", "SIGTERM-to-pytest-forked-ranks"])
+def test_signal_stops_the_run_cleanly(tmp_path, scratch_tmp, who, sig, rank_start):
+    p, reports, work = _start(tmp_path, scratch_tmp, rank_start)
     try:
         with Sampler(reports, roots=[p.pid]) as sampler:
             _mid_batch(reports)
@@ -157,8 +160,9 @@ def test_signal_stops_the_run_cleanly(tmp_path, scratch_tmp, who, sig):
 
 
 @pytest.mark.integration
-def test_sigkilled_pytest_takes_its_launch_down(tmp_path, scratch_tmp):
-    p, reports, work = _start(tmp_path, scratch_tmp)
+@pytest.mark.parametrize("rank_start", ["fresh", "fork"])
+def test_sigkilled_pytest_takes_its_launch_down(tmp_path, scratch_tmp, rank_start):
+    p, reports, work = _start(tmp_path, scratch_tmp, rank_start)
     try:
         with Sampler(reports, roots=[p.pid]) as sampler:
             launch = _mid_batch(reports)
@@ -187,16 +191,17 @@ def test_sigkilled_pytest_takes_its_launch_down(tmp_path, scratch_tmp):
     assert any("multiprocessing.spawn" in c for c in sampler.seen.values())
     assert leftovers == {}
 
-    # what no clean-up code could remove: the work dir and the launch's TMPDIR, marked with
-    # the killed pytest's pid; the next run removes them and says so
+    # what no clean-up code could remove: the work dir and the launch's TMPDIR (and the rank
+    # server's socket dir), marked with the killed pytest's pid; the next run removes them
     left = sorted(work.iterdir()) + sorted(scratch_tmp.iterdir())
-    assert len(left) == 2 and all(scratch.owner(d) == p.pid for d in left), left
+    n = 3 if rank_start == "fork" else 2
+    assert len(left) == n and all(scratch.owner(d) == p.pid for d in left), left
     rc, out = run_all([pytest_argv("--scenario", "stopme", "--scenario-dir",
                                    str(tmp_path / "scen"), "--report-dir", str(reports),
                                    "--work-dir", str(work), "-k", "no_such_case")],
                       timeout=120, cwd=tmp_path, env=_env(scratch_tmp))[0]
     assert rc == 4, out  # nothing selected: the sweep came first
     where = ", ".join(sorted({str(scratch_tmp.resolve()), str(work.resolve())}))
-    assert f"harness: removed 2 temporary directories left in {where} by runs that were " \
+    assert f"harness: removed {n} temporary directories left in {where} by runs that were " \
            f"killed (pids {p.pid}; " in out, out
     assert not any(d.exists() for d in left), left

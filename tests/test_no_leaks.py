@@ -25,6 +25,7 @@ from proc_sampler import Sampler
 
 from harness.launch import ending, launch, procs
 from harness.launch.launcher import Launcher
+from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
@@ -62,7 +63,8 @@ def _kind(pid: int, cmdline: str, sampler: Sampler) -> str:
 
 
 @pytest.mark.integration
-def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request):
+@pytest.mark.parametrize("rank_start", ["fresh", "fork"])
+def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, rank_start):
     # this process's and the launches' temporary directory (short: Unix sockets are made in it)
     systmp = Path(tempfile.mkdtemp(prefix="leaks-"))
     request.addfinalizer(lambda: shutil.rmtree(systmp, ignore_errors=True))
@@ -70,7 +72,10 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request):
     monkeypatch.setattr(tempfile, "tempdir", str(systmp))
     (tmp_path / "leaks.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp_path / "leaks.yaml"), "torch")
-    launcher = Launcher(tmp_path / "launches", "torch", "cpu")
+    server = RankServer("torch", launch.run_env("cpu", {})).start() \
+        if rank_start == "fork" else None
+    request.addfinalizer(lambda: server and server.stop())
+    launcher = Launcher(tmp_path / "launches", "torch", "cpu", rank_server=server)
     # three lanes at once (a scope each): the hang's timeout overlaps the other two launches
     scope = lambda c: "async" if c.ax["dcp"] == "async_process" else c.ax["fault"]  # noqa: E731
     with Sampler(tmp_path / "launches") as sampler, \
@@ -85,13 +90,20 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request):
     kinds["rank"] += len(sampler.ranks - set(sampler.seen))
     assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
     assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
-    survivors = sampler.survivors()
+    if server is not None:  # the run's server outlives its launches, not its run
+        assert server.pid in sampler.survivors()
+        server.stop()
+    # (multiprocessing's resource tracker, started with the server, is this process's: it
+    # ends when this process does)
+    survivors = {p: c for p, c in sampler.survivors().items()
+                 if "multiprocessing.resource_tracker" not in c}
     for pid in survivors:  # never leave them running, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == {}
     assert all(r.leaked == [] for r in launcher.records), [r.leaked for r in launcher.records]
     hang = next(r for r in launcher.records if r.timed_out)
-    assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
+    if rank_start == "fresh":  # (forked ones are in the agent's process group: killed with it)
+        assert hang.killed >= 3  # both ranks (one asleep) and rank 0's stager outlived torchrun
     assert sorted(p.name for p in systmp.iterdir()) == []  # no temporary file left behind
 
 

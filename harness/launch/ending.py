@@ -39,11 +39,14 @@ def end_processes(launch) -> dict:
             procs.terminate_gently(p)
     agents = {p.pid for p in launch.agents}
     running = {p.pid for p in launch.agents if p.poll() is None}
-    # the ranks this launch's progress files name (pids checked against the plan: a stale
-    # pid may belong to someone else by now) and everything below the agents
+    # the ranks this launch's progress files name (pids checked against the plan or the
+    # agents' sessions: a stale pid may belong to someone else by now), everything below the
+    # agents and in their sessions (ranks forked from the rank server carry its command line
+    # and environment, not the launch's tag)
+    sessions = procs.in_sessions(agents)
     ranks = [pid for pid in launch_dir.pid_ranks(launch.d)
-             if str(launch.plan_path) in procs.cmdline(pid)]
-    extra = set(ranks) | procs.descendants(list(agents)) | running
+             if pid in sessions or str(launch.plan_path) in procs.cmdline(pid)]
+    extra = set(ranks) | procs.descendants(list(agents)) | running | sessions
     for pid in agents:
         procs.kill_group(pid)
     killed, leaked = procs.kill_tagged(launch.tag, extra, timeout_s=KILL_WAIT_S)

@@ -43,6 +43,7 @@ CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
 # glibc's malloc keeps freed large blocks (else each temporary page-faults); caller's MALLOC_* win
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 POLL_S = 0.1
+TORCHRUN = "torch.distributed.run"  # the module a fresh agent runs
 # a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
 # $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds up to 31
 # (harness-L001-p<pid>-XXXXXXXX/, scratch.py)
@@ -59,6 +60,7 @@ class LaunchSettings:
     extra_env: dict = field(default_factory=dict)
     gentle_stop: bool = False  # SIGTERM the agents first (srun forwards it to remote nodes)
     stager: bool = False  # may run an async_process save: the ranks start DCP's stager first
+    rank_server: object = None  # rank_server.RankServer: agents forked from it, else fresh
 
 
 class Launch:
@@ -118,9 +120,13 @@ class Launch:
     def _start(self) -> None:
         self.t_start = time.time()
         self.tmp = tempfile.mkdtemp(prefix=scratch.prefix(self.name), dir=scratch_parent())
-        env = self._env()
-        with open(self.d / "torchrun.log", "w") as out:
+        env, log, server = self._env(), self.d / "torchrun.log", self.settings.rank_server
+        with open(log, "w") as out:
             for argv in self.argvs:
+                if server is not None:  # its torchrun arguments: after the module's name
+                    args = argv[argv.index(TORCHRUN) + 1:]
+                    self.agents.append(server.start_agent(args, env, log, self.d))
+                    continue
                 self.agents.append(subprocess.Popen(
                     argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, cwd=str(self.d)))
@@ -177,24 +183,30 @@ class Launch:
         return None, False
 
     def _env(self) -> dict:
-        """The launch's environment: ours, the slot's, the safe settings and the launch's
-        tag."""
+        """The launch's environment: the run's (:func:`run_env`), the slot's and the launch's
+        tag and temporary directory."""
         s = self.settings
-        full = {**MALLOC_ENV, **os.environ, **s.extra_env, **self.env, **SAFE_ENV,
-                **(CUDA_ENV if s.device == "cuda" else {}), procs.TAG_VAR: self.tag}
+        full = {**run_env(s.device, s.extra_env), **self.env, **SAFE_ENV, procs.TAG_VAR: self.tag}
         # every temporary file of the launch's processes goes in a directory of its own,
         # removed once they are gone: torchrun makes a log dir per launch and ranks that end
         # with os._exit (or are killed) never run multiprocessing's clean-up of its pymp-*
         # dirs -- a thousand of each were left in /tmp after a day of runs
         full.update(TMPDIR=self.tmp, TEMP=self.tmp, TMP=self.tmp)
-        repo = str(Path(__file__).resolve().parents[2])
-        # the harness, then the directory pytest runs in (on the pytest process's sys.path
-        # with ``python -m pytest``): a model factory importable there is importable in the
-        # workers
-        full["PYTHONPATH"] = os.pathsep.join(
-            p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
-        full.update(inductor_cache.worker_env(full))
         return full
+
+
+def run_env(device: str, extra_env: dict) -> dict:
+    """What every launch's environment holds (the rank server's too): ours, the caller's, the
+    safe settings, the harness on the path and the ranks' compile caches."""
+    full = {**MALLOC_ENV, **os.environ, **extra_env, **SAFE_ENV,
+            **(CUDA_ENV if device == "cuda" else {})}
+    repo = str(Path(__file__).resolve().parents[2])
+    # the harness, then the directory pytest runs in (on the pytest process's sys.path with
+    # ``python -m pytest``): a model factory importable there is importable in the workers
+    full["PYTHONPATH"] = os.pathsep.join(
+        p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
+    full.update(inductor_cache.worker_env(full))
+    return full
 
 
 def scratch_parent() -> str:

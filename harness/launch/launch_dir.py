@@ -148,9 +148,15 @@ def units(d: Path, task: str) -> dict[int, str]:
 _EXIT = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
-def rank_exits(torchrun_log: str) -> dict[int, str]:
-    """rank -> how it ended, from torchrun's failure summary ("exitcode: -9" = SIGKILL)."""
+_FORKED_EXIT = re.compile(r"harness\.fork_agent: process (\d+) exitcode: (-?\d+)")
+
+
+def rank_exits(torchrun_log: str, pid_ranks: dict[int, int] | None = None) -> dict[int, str]:
+    """rank -> how it ended, from torchrun's failure summary ("exitcode: -9" = SIGKILL) and,
+    for forked ranks (``fork_agent``), the agent's line per failed pid (``pid_ranks``: its rank)."""
     found = [(int(r), int(c)) for r, c in _EXIT.findall(torchrun_log)]
+    found += [(pid_ranks[int(p)], int(c)) for p, c in _FORKED_EXIT.findall(torchrun_log)
+              if int(p) in (pid_ranks or {})]
     out = {}
     for rank, code in found:
         if code < 0:
@@ -165,7 +171,7 @@ def rank_exits(torchrun_log: str) -> dict[int, str]:
 
 def crash_account(d: Path, task) -> str:
     """One line: which ranks died how, in which unit, and the task's checkpoint directory."""
-    exits = rank_exits(tail(d / "torchrun.log", 20000))
+    exits = rank_exits(tail(d / "torchrun.log", 20000), pid_ranks(d))
     where = units(d, task.name)
     dead = ", ".join(f"rank {r} {how}" for r, how in sorted(exits.items())) or \
         "no rank's exit status in torchrun's log"

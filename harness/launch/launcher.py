@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.launch import procs
 from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
-from harness.launch.launch import SAFE_ENV, Launch, LaunchSettings
+from harness.launch.launch import SAFE_ENV, TORCHRUN, Launch, LaunchSettings
 from harness.launch.launch_dir import stager_worlds
 from harness.launch.placement import launch_env, launches_per_slice, place
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
@@ -34,7 +34,7 @@ class Launcher:
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
                  node_launcher: list[str] | None = None, launches_per_gpu: int = 1,
-                 gpu_share: str = "auto"):
+                 gpu_share: str = "auto", rank_server=None):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
@@ -60,6 +60,9 @@ class Launcher:
         self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
+        # one-node launches fork their agents and ranks from the run's rank server (started
+        # by the plugin: rank_server.py); without one, or over nodes, fresh Pythons
+        self.rank_server = rank_server if nnodes == 1 and not node_launcher else None
 
     def expect(self, cases) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
@@ -123,7 +126,7 @@ class Launcher:
             collective_timeout_s=self.collective_timeout_s,
             startup_timeout_s=self.startup_timeout_s, extra_env=self.extra_env,
             gentle_stop=bool(self.node_launcher),
-            stager=world_size in self.stager_worlds)
+            stager=world_size in self.stager_worlds, rank_server=self.rank_server)
         return Launch(settings, name, d, lambda plan: self.commands(plan, world_size, name),
                       tasks, world_size, env, feed, stop=self._stop, on_record=self.add_record,
                       retry_start=retry_start)
@@ -143,7 +146,7 @@ class Launcher:
         # torchrun, SIGKILLed by the kernel if this process dies (srun is not our child's
         # parent on the remote nodes: no --parent there)
         parent = [] if self.node_launcher else ["--parent", str(os.getpid())]
-        torchrun = [self.python, "-m", "harness.launch.tethered", *parent, "torch.distributed.run"]
+        torchrun = [self.python, "-m", "harness.launch.tethered", *parent, TORCHRUN]
         if self.nnodes == 1:
             return [torchrun + ["--standalone", f"--nproc-per-node={world_size}"] + worker]
         if world_size % self.nnodes:

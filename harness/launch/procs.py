@@ -31,6 +31,7 @@ class ProcInfo:
     ppid: int
     pgid: int
     state: str  # R, S, D, Z (zombie), ...
+    session: int = 0
 
     @property
     def dead(self) -> bool:
@@ -46,7 +47,7 @@ def info(pid: int) -> ProcInfo | None:
         return None
     rest = text[text.rfind(")") + 2:].split()  # the command name may hold spaces / parens
     try:
-        return ProcInfo(pid, int(rest[1]), int(rest[2]), rest[0])
+        return ProcInfo(pid, int(rest[1]), int(rest[2]), rest[0], int(rest[3]))
     except (IndexError, ValueError):
         return None
 
@@ -86,6 +87,17 @@ def tagged(tag: str) -> list[int]:
             continue
         if needle in env.split(b"\0") and alive(pid):
             out.append(pid)
+    return out
+
+
+def in_sessions(sessions) -> set[int]:
+    """Live processes in the sessions ``sessions`` (each agent's: its launch's processes
+    however they were started and wherever they were reparented), leaders included."""
+    wanted, out = set(sessions), set()
+    for pid in _pids():
+        p = info(pid)
+        if p is not None and not p.dead and p.session in wanted:
+            out.add(pid)
     return out
 
 

@@ -9,8 +9,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.launch import interrupt, scratch
+from harness.launch import interrupt, rank_server, scratch
+from harness.launch.launch import run_env
 from harness.launch.launcher import Launcher
+from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
 from harness.plugin import options
 from harness.spec.matrix import Case
@@ -24,6 +26,22 @@ def scope_of(case: Case) -> str:
 # launches at once per GPU slice unless --launches-per-gpu says otherwise (measured best of 3, 4
 # and 6 on 2x H200: reports/bench/README.md)
 LAUNCHES_PER_GPU = 4
+
+
+def rank_server_for(hs) -> RankServer | None:
+    """The run's rank server, started now (its imports overlap collection), where this process
+    will run launches and ``--rank-start`` says fork (auto: on cuda with a GPU visible and one
+    node); else None (fresh Pythons)."""
+    config, opt = hs.config, hs.config.getoption
+    mode = opt("rank_start")
+    if mode == "auto":
+        mode = "fork" if hs.device == "cuda" and hs.env.visible_gpus() else "fresh"
+    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and \
+        hs.worker_id is None
+    if mode != "fork" or opt("nnodes") != 1 or opt("node_launcher") or \
+            opt("collectonly") or xdist_controller or not rank_server.available():
+        return None
+    return RankServer(hs.backend, run_env(hs.device, {})).start()
 
 
 class Execution:
@@ -54,7 +72,7 @@ class Execution:
             rdzv_endpoint=opt("rdzv_endpoint"),
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
-            gpu_share=opt("gpu_share"))
+            gpu_share=opt("gpu_share"), rank_server=hs.rank_server)
         ex.launcher.on_record.append(hs.record.on_launch)
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.launch import interrupt
-from harness.plugin import model_check, options
+from harness.plugin import execution, model_check, options
 from harness.plugin.items import STASH, CaseItem, ScenarioFile
 from harness.plugin.session import HarnessSession
 from harness.spec import catalog
@@ -56,6 +56,11 @@ def pytest_addoption(parser):
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
                      "default 4, measured best on 2x H200: reports/bench); 1 = one launch "
                      "per GPU slice")
+    g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
+                help="fork: every launch's agent and ranks fork from one process of the run "
+                     "that imported torch, the worker and the backend while pytest collected "
+                     "(harness/launch/rank_server.py); fresh: a new Python per agent and rank "
+                     "(torchrun's way); auto (default): fork on cuda with one node")
     g.addoption("--gpu-share", choices=("auto", "never", "always"), default="auto",
                 help="where a case's world exceeds the GPUs its launch gets, ranks share them "
                      "(rank r on GPU r mod G) and every process group is gloo: auto (default) "
@@ -84,6 +89,7 @@ def pytest_configure(config):
     # from here pytest_unconfigure ends what the run started, however configure ends
     config.stash[STASH] = hs
     hs.sigterm_handler = interrupt.install()  # SIGTERM stops the run like Ctrl-C
+    hs.rank_server = execution.rank_server_for(hs)  # its imports overlap what pytest does next
     try:
         _check_models(hs)
     except (ScenarioError, registry.RegistryError, ValueError) as e:
@@ -105,6 +111,8 @@ def pytest_unconfigure(config):
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)
+        if hs.rank_server is not None:
+            hs.rank_server.stop()
 
 
 def pytest_collect_file(file_path: Path, parent):

@@ -73,6 +73,7 @@ class HarnessSession:
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
                                          report_dir / "runs" / self.run_id / "launches")
         self.execution: Execution | None = None
+        self.rank_server = None  # launch.rank_server.RankServer, where ranks fork (hooks.py)
         self.selected_items: dict[str, CaseItem] = {}  # case id -> item (this process)
         self.selected_cases: dict[str, Case] = {}  # xdist controller: case id -> case
         self.sigterm_handler = None

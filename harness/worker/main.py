@@ -223,9 +223,9 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
                 started=t0, ended=time.time())
 
 
-def main(argv=None) -> int:
+def main(argv=None, hard_exit: bool = True) -> int:
     """Run the plan's tasks and the fed ones; end with ``os._exit`` once everything is written
-    (a fresh Python's teardown costs seconds)."""
+    (a fresh Python's teardown costs seconds) -- a forked rank returns (``hard_exit`` False)."""
     ap = argparse.ArgumentParser(prog="python -m harness.worker")
     ap.add_argument("--plan", required=True)
     args = ap.parse_args(argv)
@@ -297,4 +297,4 @@ def main(argv=None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     log.flush()
-    os._exit(0)
+    return 0 if not hard_exit else os._exit(0)

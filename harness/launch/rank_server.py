@@ -1,0 +1,172 @@
+"""The run's rank server: one process that has imported what every rank imports (torch,
+dynamo / Inductor, DCP, FSDP2, the worker's modules, the library under test) and forks each
+launch's torchrun agent, whose ranks fork from the agent in turn -- no rank and no agent imports
+anything at start.
+
+Every rank used to import those modules in a fresh Python: ~5 CPU-s a rank on one H200, with 40
+ranks of the whole TE matrix on 16 cores, and each launch waited ~4 s for its ranks' imports
+before its first task. The server is Python's ``multiprocessing`` forkserver with a preload
+(``fork_agent.preload``): the plugin starts it while pytest collects, so its imports overlap the
+collection; each launch asks it for an agent (``start_agent``: a ``ForkedAgent``, what
+``subprocess.Popen`` is to a fresh agent).
+
+Forking is safe only before CUDA is initialized: the server's imports run with NVML's CUDA
+check and are checked not to have touched the driver; where they did (or failed), each agent
+runs torchrun with fresh ranks instead and says so in its log. After the imports the server
+freezes the garbage collector's objects (``gc.freeze``): a forked rank's collections neither walk
+nor copy them. Lifetime: the server is tethered to this process (``PR_SET_PDEATHSIG``), which
+holds the only write end of the server's alive pipe (each agent closes the one it inherits: the
+server exits when this process does), each agent is tethered to the server, each rank to its
+agent; :meth:`RankServer.stop` ends it. One server per process (the forkserver is
+``multiprocessing``'s, one per process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness.launch import scratch
+from harness.launch.launch import scratch_parent
+
+PRELOAD = "harness.launch.server_preload"  # imported by the server: its import is the preload
+STOP_WAIT_S = 10.0
+# torch.cuda.is_available() / device_count() from NVML: the CUDA runtime's answer would make
+# every process forked after it unable to use CUDA (torch's fork poisoning), in the server and
+# in each agent before it forks its ranks
+NVML_VAR = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    """``os.environ`` is ``env`` while the block runs (the forkserver is spawned with it)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class ForkedAgent:
+    """A torchrun agent forked by the server, with the part of ``subprocess.Popen``'s interface
+    a launch uses (``pid``, ``poll``, ``wait``, ``returncode``: negative for a signal)."""
+
+    def __init__(self, process):
+        self.process, self.pid = process, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout)
+        return self.process.exitcode
+
+
+class RankServer:
+    """The forkserver of one run (one library, one base environment)."""
+
+    def __init__(self, backend: str, env: dict):
+        self.backend, self.env = backend, dict(env)
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.started = False
+        self.dir: str | None = None  # its socket's directory
+        self.pid: int | None = None
+
+    def start(self) -> "RankServer":
+        """Spawn the server (it preloads in the background; the first agent waits for it)."""
+        from multiprocessing import forkserver
+
+        from harness.launch import fork_agent
+        self.ctx.set_forkserver_preload([PRELOAD])
+        env = {**self.env, fork_agent.BACKEND_VAR: self.backend,
+               fork_agent.PARENT_VAR: str(os.getpid()), NVML_VAR: "1"}
+        # its socket goes in a directory of ours (pytest's TMPDIR: removed by stop(), or by the
+        # next run's sweep where pytest was killed), not in multiprocessing's pymp-* there
+        self.dir = tempfile.mkdtemp(prefix=scratch.prefix("rank-server"),
+                                    dir=scratch_parent())
+        config = multiprocessing.process.current_process()._config
+        before = config.get("tempdir")
+        config["tempdir"] = self.dir
+        try:
+            with _environment(env):
+                forkserver.ensure_running()
+        finally:
+            if before is None:
+                config.pop("tempdir", None)
+            else:
+                config["tempdir"] = before
+        self.started, self.pid = True, forkserver._forkserver._forkserver_pid
+        return self
+
+    def start_agent(self, torchrun_args: list[str], env: dict, log: Path, cwd: Path):
+        """A torchrun agent (``torchrun_args``: torchrun's own arguments and the worker's)
+        forked from the server, in a session of its own, with ``env`` as its environment and
+        its output in ``log``."""
+        from harness.launch import fork_agent
+        p = self.ctx.Process(target=fork_agent.agent_main,
+                             args=(list(torchrun_args), {**env, NVML_VAR: "1"}, str(log),
+                                   str(cwd)),
+                             name="torchrun-agent")
+        p.start()
+        return ForkedAgent(p)
+
+    def stop(self) -> None:
+        """End the server (its agents, tethered to it, end with it): close our end of its
+        alive pipe -- the server exits when it reads EOF there -- and reap it, SIGKILLed after
+        ``STOP_WAIT_S``. (``multiprocessing.forkserver`` keeps this state in private
+        attributes; its own ``_stop`` waits without a bound.)"""
+        if not self.started:
+            return
+        self.started = False
+        from multiprocessing import forkserver, util
+        server = forkserver._forkserver
+        with server._lock:
+            pid, fd = server._forkserver_pid, server._forkserver_alive_fd
+            address = server._forkserver_address
+            server._forkserver_pid = server._forkserver_alive_fd = None
+            server._forkserver_address = None
+        if fd is not None:
+            os.close(fd)
+        if pid is not None:
+            _reap(pid, STOP_WAIT_S)
+        if address and not util.is_abstract_socket_namespace(address):
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _reap(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)  # SIGKILLed: reaped at once
+
+
+def available() -> bool:
+    """Forking servers need Linux (the tethers) and the forkserver start method."""
+    return sys.platform.startswith("linux") and \
+        "forkserver" in multiprocessing.get_all_start_methods()

@@ -1,0 +1,144 @@
+"""The run's rank server (harness/launch/rank_server.py, the default on one-node GPU runs):
+agents and ranks forked from one process that imported their modules, against torchrun's fresh
+Python per rank -- the same results to the bit, no imports at a rank's start, a failed preload
+falling back to fresh ranks, a forked rank's death still named with its signal, and the
+server gone with its run."""
+
+import json
+import os
+import types
+
+import pytest
+
+from harness.launch import fork_agent, launch_dir, procs
+from harness.launch.launch import run_env
+from harness.launch.launcher import Launcher, Task
+from harness.launch.rank_server import RankServer
+from harness.plugin import execution
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+
+SCENARIO = """\
+name: forked
+description: one small case, trained, saved, loaded and checked
+axes:
+  recipe: [fp32]
+  mesh: [dp2]
+  module: [LayerNormMLP]
+  dcp: [async_process]
+  reshard: [none]
+timeout_s: 120
+"""
+
+
+def _run(tmp_path, name: str, server=None):
+    (tmp_path / "forked.yaml").write_text(SCENARIO)
+    (case,) = expand(load_scenario(tmp_path / "forked.yaml"), "torch")
+    launcher = Launcher(tmp_path / name, "torch", "cpu", rank_server=server)
+    task = Task(f"{case.key}.train", case, "train", tmp_path / f"ckpt-{name}")
+    (result,) = launcher.run_batch([task], 2).values()
+    (launch,) = launcher.records
+    d = tmp_path / name / launch.name
+    timelines = [json.loads(p.read_text()) for p in (d / "progress").glob("timeline*")]
+    return result, timelines, (d / "torchrun.log").read_text()
+
+
+def _values(result) -> dict:
+    return {(r["check"], r.get("quantity"), r.get("metric")): r.get("value")
+            for r in result.rows if r.get("quantity") != "time" and r.get("metric") != "seconds"}
+
+
+@pytest.mark.integration
+def test_forked_ranks_give_the_fresh_ranks_results_bit_for_bit(tmp_path):
+    server = RankServer("torch", run_env("cpu", {})).start()
+    try:
+        server_pid = server.pid
+        forked, forked_lines, log = _run(tmp_path, "fork", server)
+        assert procs.alive(server_pid)  # one server for every launch of the run
+    finally:
+        server.stop()
+    assert not procs.alive(server_pid) and not os.path.exists(server.dir)
+    fresh, fresh_lines, _ = _run(tmp_path, "fresh")
+    assert forked.status == fresh.status == "ok", (forked.errors, fresh.errors, log)
+    values = _values(forked)
+    assert len(values) > 20 and values == _values(fresh)  # losses, norms, round trips
+    # a forked rank's imports are the server's: none at its start; a fresh rank imports torch
+    assert all(t["imports"] - t["main"] < 0.2 for t in forked_lines), forked_lines
+    assert all(t["imports"] - t["main"] > 0.2 for t in fresh_lines), fresh_lines
+    assert len(forked_lines) == len(fresh_lines) == 2
+
+
+@pytest.mark.integration
+def test_a_server_whose_imports_failed_starts_fresh_ranks(tmp_path):
+    """The preload is never fatal: every agent says why and runs torchrun's fresh ranks."""
+    server = RankServer("no_such_backend", run_env("cpu", {})).start()
+    try:
+        result, lines, log = _run(tmp_path, "fallback", server)
+    finally:
+        server.stop()
+    assert result.status == "ok", (result.errors, log)
+    assert "the rank server's imports failed (ValueError: unknown backend 'no_such_backend'" \
+        in log and "ranks start as fresh Pythons" in log
+    assert all(t["imports"] - t["main"] > 0.2 for t in lines), lines  # they imported torch
+
+
+def test_a_forked_ranks_death_is_named_with_its_signal():
+    """torchrun's summary of forked ranks names only the first failure; the agent's own line
+    per failed process names the others (the pid mapped to its rank)."""
+    log = (fork_agent.EXIT_LINE.format(pid=4242, code=-9) + "\n" +
+           fork_agent.EXIT_LINE.format(pid=4243, code=1) + "\n" +
+           fork_agent.EXIT_LINE.format(pid=999, code=1) + "\n")  # not a rank of this launch
+    assert launch_dir.rank_exits(log, {4242: 1, 4243: 0}) == {
+        1: "killed by SIGKILL", 0: "exit code 1"}
+    summary = "[1]:\n  time      : x\n  host      : h\n  rank      : 3 (local_rank: 3)\n" \
+              "  exitcode  : -6 (pid: 77)\n"
+    assert launch_dir.rank_exits(summary) == {3: "killed by SIGABRT"}
+
+
+@pytest.mark.parametrize("device, gpus, given, nnodes, xdist, want", [
+    ("cuda", ["0"], "auto", 1, None, True), ("cpu", [], "auto", 1, None, False),
+    ("cuda", [], "auto", 1, None, False), ("cpu", [], "fork", 1, None, True),
+    ("cuda", ["0"], "fresh", 1, None, False), ("cuda", ["0"], "auto", 2, None, False),
+    ("cuda", ["0"], "auto", 1, 2, False)])
+def test_where_ranks_fork(monkeypatch, device, gpus, given, nnodes, xdist, want):
+    """auto forks on cuda with a GPU visible (a CPU-only CI's TE run skips every case: no
+    server) and one node; never over nodes nor in an xdist controller (its workers run the
+    launches)."""
+    monkeypatch.setattr(RankServer, "start", lambda self: self)
+    opts = {"rank_start": given, "nnodes": nnodes, "node_launcher": None,
+            "collectonly": False}
+    config = types.SimpleNamespace(getoption=opts.get,
+                                   option=types.SimpleNamespace(numprocesses=xdist))
+    hs = types.SimpleNamespace(config=config, device=device, backend="te", worker_id=None,
+                               env=types.SimpleNamespace(visible_gpus=lambda: gpus))
+    server = execution.rank_server_for(hs)
+    assert (server is not None) == want
+    if want:
+        assert server.backend == "te" and server.env["OMP_NUM_THREADS"] == "1"
+        launcher = Launcher("/nonexistent", "te", device, rank_server=server, nnodes=1)
+        assert launcher.rank_server is server
+        assert Launcher("/x", "te", device, rank_server=server, nnodes=2).rank_server is None
+
+
+def test_agents_answer_cuda_questions_from_nvml(monkeypatch, tmp_path):
+    """An agent with the launch's environment asked the CUDA runtime for the device count
+    (found on one H200: torch then poisons every later fork -- each forked rank failed with
+    "Cannot re-initialize CUDA in forked subprocess"); the server and every agent get NVML's
+    check."""
+    started = []
+
+    class Process:
+        def __init__(self, target, args, name):
+            self.pid, self.exitcode = 1, None
+            started.append((target, args))
+
+        def start(self):
+            pass
+
+    server = RankServer("te", {"A": "1"})
+    monkeypatch.setattr(server.ctx, "Process", Process)
+    agent = server.start_agent(["--standalone"], {"B": "2"}, tmp_path / "log", tmp_path)
+    (target, (args, env, log, cwd)), = started
+    assert target is fork_agent.agent_main and args == ["--standalone"]
+    assert env == {"B": "2", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    assert agent.poll() is None and agent.pid == 1
