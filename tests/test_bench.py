@@ -58,6 +58,7 @@ def test_a_benchmark_run_writes_its_figures(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads((out / "one.json").read_text())
     assert s["checked"] == 1 and s["outcomes"] == {"passed": 1} and s["pytest_exit"] == 0
+    assert s["valid"] and "NOT A BENCHMARK FIGURE" not in p.stdout
     assert s["gpus"] == 0 and s["checked_per_minute"] > 0
     assert 0 < s["cpu_busy_share"] <= 1  # a launch of two ranks ran on this host
     assert s["cpu_busy_timeline"] and all(0 <= v <= 1 for _, v in s["cpu_busy_timeline"])
@@ -84,3 +85,15 @@ def test_a_train_phase_cases_share_counts_once_in_the_units():
     s = bench.summarize(pd.DataFrame(rows), {}, 10.0, usage)
     units = {u["unit"]: (u["total_s"], u["count"]) for u in s["units"]}
     assert units == {"train": (2.0, 1), "reshard": (1.0, 1)} and s["checked"] == 2
+
+
+def test_a_run_with_failures_is_not_a_benchmark_figure():
+    """A run whose cases crashed early reported 1,091 checked cases per GPU-minute (forked
+    ranks that could not use CUDA, reports/bench/h200x1-te-i32-server-c1-allfork1.json): such
+    a figure is printed marked and written with valid false."""
+    s = {"cases": 2, "outcomes": {"failed": 2}, "wall_s": 1.0, "launches": 1, "gpus": 1,
+         "checked": 2, "checked_per_gpu_minute": 120.0, "gpu_busy_share": 0.0,
+         "checked_per_minute": 120.0, "launch_overhead_share": 0.5, "launch_phases_s": {},
+         "units": [], "valid": False, "pytest_exit": 1}
+    assert "NOT A BENCHMARK FIGURE: 2 case(s) failed (pytest exit 1)" in bench.render("x", s)
+    assert "NOT A BENCHMARK" not in bench.render("x", {**s, "valid": True})

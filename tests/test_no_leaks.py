@@ -90,13 +90,10 @@ def test_no_process_survives_hang_crash_raise(tmp_path, monkeypatch, request, ra
     kinds["rank"] += len(sampler.ranks - set(sampler.seen))
     assert kinds["torchrun"] == 3 and kinds["rank"] == 6, sampler.seen
     assert kinds["spawned"] >= 2, sampler.seen  # the async_process stagers (+ resource tracker)
-    if server is not None:  # the run's server outlives its launches, not its run
-        assert server.pid in sampler.survivors()
+    if server is not None:  # the run's server (and the resource tracker it started) outlive
+        assert server.pid in sampler.survivors()  # its launches, not its run
         server.stop()
-    # (multiprocessing's resource tracker, started with the server, is this process's: it
-    # ends when this process does)
-    survivors = {p: c for p, c in sampler.survivors().items()
-                 if "multiprocessing.resource_tracker" not in c}
+    survivors = sampler.survivors()
     for pid in survivors:  # never leave them running, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == {}

@@ -88,6 +88,7 @@ class RankServer:
         self.started = False
         self.dir: str | None = None  # its socket's directory
         self.pid: int | None = None
+        self._own_tracker = False
 
     def start(self) -> "RankServer":
         """Spawn the server (it preloads in the background; the first agent waits for it)."""
@@ -101,6 +102,9 @@ class RankServer:
         # next run's sweep where pytest was killed), not in multiprocessing's pymp-* there
         self.dir = tempfile.mkdtemp(prefix=scratch.prefix("rank-server"),
                                     dir=scratch_parent())
+        from multiprocessing import resource_tracker
+        tracker = resource_tracker._resource_tracker
+        self._own_tracker = tracker._pid is None  # the forkserver starts it: stop() ends it
         config = multiprocessing.process.current_process()._config
         before = config.get("tempdir")
         config["tempdir"] = self.dir
@@ -130,8 +134,9 @@ class RankServer:
     def stop(self) -> None:
         """End the server (its agents, tethered to it, end with it): close our end of its
         alive pipe -- the server exits when it reads EOF there -- and reap it, SIGKILLed after
-        ``STOP_WAIT_S``. (``multiprocessing.forkserver`` keeps this state in private
-        attributes; its own ``_stop`` waits without a bound.)"""
+        ``STOP_WAIT_S``; the same for ``multiprocessing``'s resource tracker where the server's
+        start started it. (``multiprocessing`` keeps this state in private attributes; its own
+        ``_stop`` methods wait without a bound.)"""
         if not self.started:
             return
         self.started = False
@@ -150,6 +155,16 @@ class RankServer:
             with contextlib.suppress(OSError):
                 os.unlink(address)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._own_tracker:  # multiprocessing's resource tracker, started with the server
+            from multiprocessing import resource_tracker
+            tracker = resource_tracker._resource_tracker
+            with tracker._lock:
+                fd, pid = tracker._fd, tracker._pid
+                tracker._fd = tracker._pid = None
+            if fd is not None:
+                os.close(fd)  # it exits at EOF
+            if pid is not None:
+                _reap(pid, STOP_WAIT_S)
 
 
 def _reap(pid: int, timeout_s: float) -> None:

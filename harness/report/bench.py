@@ -7,7 +7,8 @@ Runs ``pytest <args>`` with a report directory of its own (a benchmark, not a ti
 reads that run's history and launch records and prints:
 
 * wall time, cases checked (passed + xfailed + failed), GPUs, and **checked cases per
-  GPU-minute** (on CPU: per minute);
+  GPU-minute** (on CPU: per minute) -- a run with a failed case is marked not a benchmark
+  figure (``valid`` false, exit status 1: a failing case may end early);
 * the launches' own phases (process start, imports, process group, backend import, waiting
   for the first task, teardown) and the share of wall time no task ran (launch overhead: the
   union of the launches' task intervals against the wall);
@@ -164,6 +165,10 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
 def render(label: str, s: dict) -> str:
     lines = [f"{label}: {s['cases']} cases ({s['outcomes']}) in {s['wall_s']:.1f} s wall, "
              f"{s['launches']} launch(es)"]
+    if not s.get("valid", True):
+        lines.append(f"  NOT A BENCHMARK FIGURE: {s['outcomes'].get('failed', 0)} case(s) failed "
+                     f"(pytest exit {s.get('pytest_exit')}); a failing case may end early, and "
+                     f"'checked' counts it")
     if s["gpus"]:
         lines.append(f"  checked cases per GPU-minute: {s['checked_per_gpu_minute']:.1f} "
                      f"({s['checked']} on {s['gpus']} GPUs); GPU busy share: "
@@ -211,10 +216,12 @@ def run(args: argparse.Namespace) -> int:
         df = pd.read_parquet(hist[-1])
         meta = json.loads(metas[-1].read_text())
     s = summarize(df, meta, wall, sampler, t0)
-    s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc)
+    # a run with failures is no benchmark: its figure is printed and written, marked invalid
+    s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc,
+             valid=rc == 0 and not s["outcomes"].get("failed", 0))
     print(render(args.label, s))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.label}.json").write_text(json.dumps(s, indent=1, default=str))
     print(f"wrote {out / (args.label + '.json')}")
-    return 0
+    return 0 if s["valid"] else 1
