@@ -113,6 +113,8 @@ def test_where_ranks_fork(monkeypatch, device, gpus, given, nnodes, xdist, want)
                                env=types.SimpleNamespace(visible_gpus=lambda: gpus))
     server = execution.rank_server_for(hs)
     assert (server is not None) == want
+    # what the run's meta.json says (an xdist controller's workers fork)
+    assert execution.rank_start(hs) == ("fork" if want or xdist else "fresh")
     if want:
         assert server.backend == "te" and server.env["OMP_NUM_THREADS"] == "1"
         launcher = Launcher("/nonexistent", "te", device, rank_server=server, nnodes=1)

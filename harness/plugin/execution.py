@@ -28,18 +28,25 @@ def scope_of(case: Case) -> str:
 LAUNCHES_PER_GPU = 4
 
 
-def rank_server_for(hs) -> RankServer | None:
-    """The run's rank server, started now (its imports overlap collection), where this process
-    will run launches and ``--rank-start`` says fork (auto: on cuda with a GPU visible and one
-    node); else None (fresh Pythons)."""
-    config, opt = hs.config, hs.config.getoption
+def rank_start(hs) -> str:
+    """How this run's launches start their agents and ranks: "fork" (from the run's rank
+    server) where ``--rank-start`` says so (auto: on cuda with a GPU visible) and one node,
+    else "fresh" (a new Python each)."""
+    opt = hs.config.getoption
     mode = opt("rank_start")
     if mode == "auto":
         mode = "fork" if hs.device == "cuda" and hs.env.visible_gpus() else "fresh"
-    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and \
+    if opt("nnodes") != 1 or opt("node_launcher") or not rank_server.available():
+        return "fresh"
+    return mode
+
+
+def rank_server_for(hs) -> RankServer | None:
+    """The run's rank server, started now (its imports overlap collection), where the run's
+    ranks fork (:func:`rank_start`) and this process will run launches; else None."""
+    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
         hs.worker_id is None
-    if mode != "fork" or opt("nnodes") != 1 or opt("node_launcher") or \
-            opt("collectonly") or xdist_controller or not rank_server.available():
+    if rank_start(hs) != "fork" or hs.config.getoption("collectonly") or xdist_controller:
         return None
     return RankServer(hs.backend, run_env(hs.device, {})).start()
 

@@ -159,12 +159,14 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
         units=[dict(phase=ph, unit=u, total_s=round(r["sum"], 3), per_case_s=round(r["sum"] / n, 4),
                     count=int(r["count"])) for (ph, u), r in units.iterrows()],
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
-        te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"))
+        te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"),
+        rank_start=meta.get("rank_start"))
 
 
 def render(label: str, s: dict) -> str:
     lines = [f"{label}: {s['cases']} cases ({s['outcomes']}) in {s['wall_s']:.1f} s wall, "
-             f"{s['launches']} launch(es)"]
+             f"{s['launches']} launch(es)" + (f", ranks {s['rank_start']}"
+                                             if s.get("rank_start") else "")]
     if not s.get("valid", True):
         lines.append(f"  NOT A BENCHMARK FIGURE: {s['outcomes'].get('failed', 0)} case(s) failed "
                      f"(pytest exit {s.get('pytest_exit')}); a failing case may end early, and "

@@ -49,7 +49,8 @@ def make_case(ax: dict, outcome: str = "passed", metrics: dict | None = None, *,
 
 def write_run(report_dir: Path, n: int, cases: list[dict], *, device="cpu", gpu="",
               backend="torch", torch_version="2.13.0", te_version="", registry="",
-              scenarios=None, run_id=None, wall_s=40.0, overhead_s=20.0) -> Path:
+              scenarios=None, run_id=None, wall_s=40.0, overhead_s=20.0,
+              rank_start=None) -> Path:
     """Run number ``n`` (dated T0 + n hours) -> its parquet file under report_dir/history."""
     run_id = run_id or f"run{n:03d}-{device}{gpu.replace(' ', '')}"
     date = (T0 + timedelta(hours=n)).isoformat()
@@ -61,6 +62,8 @@ def write_run(report_dir: Path, n: int, cases: list[dict], *, device="cpu", gpu=
                                wall_s=wall_s * 0.9, overhead_s=overhead_s, returncode=0,
                                timed_out=False)],
                 launch_overhead_s=overhead_s, registry=str(registry))
+    if rank_start:
+        meta["rank_start"] = rank_start
     rows = []
     for c in cases:
         info = dict(c, run_id=run_id, backend=backend, device=device)

@@ -88,6 +88,14 @@ def test_report_single_run_and_orderings(report_dir, tmp_path):
     assert html.worst(["passed", "skipped", "xfailed"]) == "xfailed"
     assert html.worst(["xfailed", "xpassed"]) == "xpassed"
     assert html.worst(["passed", "weird"]) == "failed"
+    assert "ranks started" in text and "?" in text.split("ranks started", 1)[1][:40]  # unknown
+
+
+def test_the_header_says_how_the_ranks_started(report_dir):
+    from synth_history import A, make_case, write_run
+    write_run(report_dir, 0, [make_case(A)], rank_start="fork")
+    text = html.render(history.load(report_dir / "history"))
+    assert "fork (forked from the run's rank server)" in text
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

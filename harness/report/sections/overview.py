@@ -53,6 +53,8 @@ def header(ctx: ReportContext) -> dict:
         "gpu": gpu,
         "backend": r["backend"] or "?",
         "process_groups": process_groups(cases),
+        # fork: agents and ranks forked from the run's rank server; fresh: a new Python each
+        "rank_start": meta.get("rank_start") or "?",
         "host": r["hostname"] or "?",
         "wall_s": r["wall_s"],
         "overhead_s": r["launch_overhead_s"],
