@@ -6,6 +6,10 @@ server gone with its run."""
 
 import json
 import os
+import signal
+import sys
+import threading
+import time
 import types
 
 import pytest
@@ -131,16 +135,67 @@ def test_agents_answer_cuda_questions_from_nvml(monkeypatch, tmp_path):
 
     class Process:
         def __init__(self, target, args, name):
-            self.pid, self.exitcode = 1, None
+            self.pid, self.exitcode = None, None
             started.append((target, args))
 
         def start(self):
-            pass
+            self.pid = 1
 
     server = RankServer("te", {"A": "1"})
+    server.pid = os.getpid()  # a live "server" (nothing is forked: Process is a stand-in)
     monkeypatch.setattr(server.ctx, "Process", Process)
-    agent = server.start_agent(["--standalone"], {"B": "2"}, tmp_path / "log", tmp_path)
+    argv = ["python", "-m", "harness.launch.tethered", "torch.distributed.run", "--standalone"]
+    agent = server.start_agent(argv, {"B": "2"}, tmp_path / "log", tmp_path, 5.0)
     (target, (args, env, log, cwd)), = started
     assert target is fork_agent.agent_main and args == ["--standalone"]
     assert env == {"B": "2", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     assert agent.poll() is None and agent.pid == 1
+
+
+@pytest.mark.integration
+def test_a_server_that_died_leaves_fresh_agents(tmp_path):
+    server = RankServer("torch", run_env("cpu", {})).start()
+    try:
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while procs.alive(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        result, lines, log = _run(tmp_path, "dead", server)
+    finally:
+        server.stop()
+    assert result.status == "ok", (result.errors, log)
+    assert server.broken == "the rank server exited" and \
+        "the rank server exited; this launch's ranks start as fresh Pythons" in log
+    assert all(t["imports"] - t["main"] > 0.2 for t in lines), lines  # they imported torch
+
+
+def test_a_server_that_forks_nothing_is_bounded(monkeypatch, tmp_path):
+    """Starting a forked agent waits for the server's imports; where they never end the wait
+    ends at the launch's start-up bound, the server is killed and the agent starts fresh."""
+    server = RankServer("torch", run_env("cpu", {})).start()
+    release = threading.Event()
+
+    class Stuck:
+        pid = None
+
+        def __init__(self, **kw):
+            pass
+
+        def start(self):
+            release.wait(30)
+
+    monkeypatch.setattr(server.ctx, "Process", Stuck)
+    argv = [sys.executable, "-c", "print('a fresh agent')", "torch.distributed.run"]
+    try:
+        t0 = time.monotonic()
+        agent = server.start_agent(argv, dict(os.environ), tmp_path / "log", tmp_path, 0.5)
+        assert agent.wait(timeout=30) == 0 and time.monotonic() - t0 < 10
+        deadline = time.monotonic() + 10  # SIGKILLed: gone a moment later
+        while procs.alive(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not procs.alive(server.pid)
+    finally:
+        release.set()
+        server.stop()
+    text = (tmp_path / "log").read_text()
+    assert "the rank server forked no agent within 0s" in text and "a fresh agent" in text

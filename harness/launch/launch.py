@@ -120,16 +120,12 @@ class Launch:
     def _start(self) -> None:
         self.t_start = time.time()
         self.tmp = tempfile.mkdtemp(prefix=scratch.prefix(self.name), dir=scratch_parent())
-        env, log, server = self._env(), self.d / "torchrun.log", self.settings.rank_server
+        env, log, s = self._env(), self.d / "torchrun.log", self.settings
         with open(log, "w") as out:
             for argv in self.argvs:
-                if server is not None:  # its torchrun arguments: after the module's name
-                    args = argv[argv.index(TORCHRUN) + 1:]
-                    self.agents.append(server.start_agent(args, env, log, self.d))
-                    continue
-                self.agents.append(subprocess.Popen(
-                    argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True, cwd=str(self.d)))
+                self.agents.append(
+                    s.rank_server.start_agent(argv, env, log, self.d, s.startup_timeout_s)
+                    if s.rank_server is not None else popen_agent(argv, env, out, self.d))
 
     def run(self) -> dict[str, TaskResult]:
         hung, timed_out, stopped = None, False, False
@@ -193,6 +189,12 @@ class Launch:
         # dirs -- a thousand of each were left in /tmp after a day of runs
         full.update(TMPDIR=self.tmp, TEMP=self.tmp, TMP=self.tmp)
         return full
+
+
+def popen_agent(argv: list[str], env: dict, out, cwd: Path) -> subprocess.Popen:
+    """A fresh torchrun agent: ``argv`` in a session of its own, its output in ``out``."""
+    return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, cwd=str(cwd))
 
 
 def run_env(device: str, extra_env: dict) -> dict:

@@ -12,7 +12,9 @@ collection; each launch asks it for an agent (``start_agent``: a ``ForkedAgent``
 
 Forking is safe only before CUDA is initialized: the server's imports run with NVML's CUDA
 check and are checked not to have touched the driver; where they did (or failed), each agent
-runs torchrun with fresh ranks instead and says so in its log. After the imports the server
+runs torchrun with fresh ranks instead and says so in its log. A server that is gone, or forks
+no agent within the launch's start-up bound, is killed; its launches' agents then start fresh
+(said once on stderr and in each launch's log). After the imports the server
 freezes the garbage collector's objects (``gc.freeze``): a forked rank's collections neither walk
 nor copy them. Lifetime: the server is tethered to this process (``PR_SET_PDEATHSIG``), which
 holds the only write end of the server's alive pipe (each agent closes the one it inherits: the
@@ -31,11 +33,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from harness.launch import scratch
-from harness.launch.launch import scratch_parent
+from harness.launch import fork_agent, procs, scratch
+from harness.launch.launch import TORCHRUN, popen_agent, scratch_parent
 
 PRELOAD = "harness.launch.server_preload"  # imported by the server: its import is the preload
 STOP_WAIT_S = 10.0
@@ -89,12 +92,12 @@ class RankServer:
         self.dir: str | None = None  # its socket's directory
         self.pid: int | None = None
         self._own_tracker = False
+        self.broken: str | None = None  # why agents start fresh (the server failed)
+        self.told = False  # ... said once on stderr
 
     def start(self) -> "RankServer":
         """Spawn the server (it preloads in the background; the first agent waits for it)."""
         from multiprocessing import forkserver
-
-        from harness.launch import fork_agent
         self.ctx.set_forkserver_preload([PRELOAD])
         env = {**self.env, fork_agent.BACKEND_VAR: self.backend,
                fork_agent.PARENT_VAR: str(os.getpid()), NVML_VAR: "1"}
@@ -119,17 +122,41 @@ class RankServer:
         self.started, self.pid = True, forkserver._forkserver._forkserver_pid
         return self
 
-    def start_agent(self, torchrun_args: list[str], env: dict, log: Path, cwd: Path):
-        """A torchrun agent (``torchrun_args``: torchrun's own arguments and the worker's)
-        forked from the server, in a session of its own, with ``env`` as its environment and
-        its output in ``log``."""
-        from harness.launch import fork_agent
-        p = self.ctx.Process(target=fork_agent.agent_main,
-                             args=(list(torchrun_args), {**env, NVML_VAR: "1"}, str(log),
-                                   str(cwd)),
-                             name="torchrun-agent")
-        p.start()
-        return ForkedAgent(p)
+    def start_agent(self, argv: list[str], env: dict, log: Path, cwd: Path, timeout_s: float):
+        """A launch's torchrun agent (``argv``: the fresh agent's command line) forked from the
+        server, in a session of its own, with ``env`` as its environment and its output in
+        ``log``. Bounded: a server that is gone, or forks no agent within ``timeout_s`` (its
+        imports hang), is killed and marked broken, and this and every later agent start
+        fresh (``launch.popen_agent``), with the reason in the log."""
+        if self.broken is None and not _alive(self.pid):
+            self.broken = "the rank server exited"
+        if self.broken is None:
+            p = self.ctx.Process(target=fork_agent.agent_main, name="torchrun-agent", args=(
+                argv[argv.index(TORCHRUN) + 1:], {**env, NVML_VAR: "1"}, str(log), str(cwd)))
+            errors: list[Exception] = []
+
+            def start():  # waits until the server's imports are done
+                try:
+                    p.start()
+                except Exception as e:  # noqa: BLE001 - the server is gone: fresh agents
+                    errors.append(e)
+            started = threading.Thread(target=start, daemon=True)
+            started.start()
+            started.join(timeout_s)
+            if p.pid is not None and not started.is_alive():
+                return ForkedAgent(p)
+            self.broken = f"the rank server could not fork an agent ({errors[0]!r})" if errors \
+                else f"the rank server forked no agent within {timeout_s:.0f}s"
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)  # (the blocked start then fails: EOF)
+        if not self.told:
+            self.told = True
+            print(f"harness: {self.broken}; launches start fresh agents and ranks",
+                  file=sys.stderr, flush=True)
+        with open(log, "a") as out:
+            out.write(fork_agent.FRESH_LINE.format(why=self.broken) + "\n")
+            out.flush()
+            return popen_agent(argv, env, out, cwd)
 
     def stop(self) -> None:
         """End the server (its agents, tethered to it, end with it): close our end of its
@@ -165,6 +192,10 @@ class RankServer:
                 os.close(fd)  # it exits at EOF
             if pid is not None:
                 _reap(pid, STOP_WAIT_S)
+
+
+def _alive(pid: int | None) -> bool:
+    return pid is not None and procs.alive(pid)
 
 
 def _reap(pid: int, timeout_s: float) -> None:
