@@ -174,10 +174,7 @@ class RankServer:
             address = server._forkserver_address
             server._forkserver_pid = server._forkserver_alive_fd = None
             server._forkserver_address = None
-        if fd is not None:
-            os.close(fd)
-        if pid is not None:
-            _reap(pid, STOP_WAIT_S)
+        _end(fd, pid)
         if address and not util.is_abstract_socket_namespace(address):
             with contextlib.suppress(OSError):
                 os.unlink(address)
@@ -188,14 +185,19 @@ class RankServer:
             with tracker._lock:
                 fd, pid = tracker._fd, tracker._pid
                 tracker._fd = tracker._pid = None
-            if fd is not None:
-                os.close(fd)  # it exits at EOF
-            if pid is not None:
-                _reap(pid, STOP_WAIT_S)
+            _end(fd, pid)
 
 
 def _alive(pid: int | None) -> bool:
     return pid is not None and procs.alive(pid)
+
+
+def _end(fd: int | None, pid: int | None) -> None:
+    """Close our end ``fd`` of a helper's pipe (it exits at EOF), then reap it (bounded)."""
+    if fd is not None:
+        os.close(fd)
+    if pid is not None:
+        _reap(pid, STOP_WAIT_S)
 
 
 def _reap(pid: int, timeout_s: float) -> None:
