@@ -107,6 +107,13 @@ def _wait_gone(sampler, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
+def _stagers_seen(sampler, rank_start: str) -> bool:
+    """DCP's stagers ran: spawned by fresh ranks, forked by the rank server (named)."""
+    if rank_start == "fresh":
+        return any("multiprocessing.spawn" in c for c in sampler.seen.values())
+    return any(n.startswith("harness-stager") for n in sampler.names.values())
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("who, sig, rank_start", [
     ("group", signal.SIGINT, "fresh"), ("pytest", signal.SIGTERM, "fresh"),
@@ -141,7 +148,7 @@ def test_signal_stops_the_run_cleanly(tmp_path, scratch_tmp, who, sig, rank_star
     # ranks were seen running (a forked rank has its agent's or the agent server's command
     # line; the pids the ranks wrote name them)
     assert sampler.ranks & set(sampler.seen), sampler.seen
-    assert any("multiprocessing.spawn" in c for c in sampler.seen.values())  # the stagers
+    assert _stagers_seen(sampler, rank_start)
     assert sampler.survivors() == {}, "processes outlived pytest"
     assert list(work.iterdir()) == [], "the checkpoint work directory was left behind"
     assert list(scratch_tmp.iterdir()) == [], "a launch's temporary directory was left behind"
@@ -188,7 +195,7 @@ def test_sigkilled_pytest_takes_its_launch_down(tmp_path, scratch_tmp, rank_star
     for pid in leftovers:  # never leave them running, even when the test fails
         os.kill(pid, signal.SIGKILL)
     print(f"pytest SIGKILLed: its {len(sampler.seen)} processes gone after {gone_s:.1f}s")
-    assert any("multiprocessing.spawn" in c for c in sampler.seen.values())
+    assert _stagers_seen(sampler, rank_start)
     assert leftovers == {}
 
     # what no clean-up code could remove: the work dir and the launch's TMPDIR (and the rank

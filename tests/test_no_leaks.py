@@ -59,6 +59,8 @@ def _kind(pid: int, cmdline: str, sampler: Sampler) -> str:
         return "torchrun"
     if "harness.worker" in words:
         return "rank"
+    if name.startswith("harness-stager"):  # forked from the rank server
+        return "spawned"
     return "spawned" if "multiprocessing.spawn" in words else "other"
 
 

@@ -21,6 +21,7 @@ from harness.launch.rank_server import RankServer
 from harness.plugin import execution
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
+from harness.worker import stager_fork
 
 SCENARIO = """\
 name: forked
@@ -70,6 +71,9 @@ def test_forked_ranks_give_the_fresh_ranks_results_bit_for_bit(tmp_path):
     assert all(t["imports"] - t["main"] < 0.2 for t in forked_lines), forked_lines
     assert all(t["imports"] - t["main"] > 0.2 for t in fresh_lines), fresh_lines
     assert len(forked_lines) == len(fresh_lines) == 2
+    # the ranks' DCP stagers fork from the server too (a fresh rank's spawn as DCP's do)
+    assert [t["stager"] for t in forked_lines] == ["forked"] * 2, forked_lines
+    assert [t["stager"] for t in fresh_lines] == ["spawned"] * 2, fresh_lines
 
 
 @pytest.mark.integration
@@ -143,12 +147,14 @@ def test_agents_answer_cuda_questions_from_nvml(monkeypatch, tmp_path):
 
     server = RankServer("te", {"A": "1"})
     server.pid = os.getpid()  # a live "server" (nothing is forked: Process is a stand-in)
+    server.address = str(tmp_path / "socket")
     monkeypatch.setattr(server.ctx, "Process", Process)
     argv = ["python", "-m", "harness.launch.tethered", "torch.distributed.run", "--standalone"]
     agent = server.start_agent(argv, {"B": "2"}, tmp_path / "log", tmp_path, 5.0)
     (target, (args, env, log, cwd)), = started
     assert target is fork_agent.agent_main and args == ["--standalone"]
-    assert env == {"B": "2", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    assert env == {"B": "2", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",  # and where stagers fork
+                   stager_fork.SERVER_VAR: server.address}
     assert agent.poll() is None and agent.pid == 1
 
 

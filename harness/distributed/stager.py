@@ -6,7 +6,10 @@ and reuses it afterwards. When a launch's plan has such saves, the worker starts
 a background thread right after its process groups are up, so the spawn overlaps the first
 cases instead of stalling the first async_process save. It uses DCP's own executor state
 (``_async_process_executor``); if that private API is not there, nothing is pre-started and DCP
-starts the process lazily as usual.
+starts the process lazily as usual. Where the caller gives a ``context`` (the worker's, when the
+run's rank server can fork the stager: ``worker/stager_fork.py``), DCP's constructor gets it in
+place of ``multiprocessing``'s spawn context; where that context cannot start the process, the
+stager is spawned as DCP does.
 """
 
 from __future__ import annotations
@@ -18,9 +21,14 @@ _thread: threading.Thread | None = None
 _error: list = []
 
 
-def prestart(group) -> bool:
+HOW: list = []  # how this rank's stager started: "forked" / "spawned (why)"
+
+
+def prestart(group, context=None) -> bool:
     """Collective over ``group`` (the async-save group): agree on the stagers' rendezvous,
-    then spawn this rank's stager in the background. Returns whether it was started."""
+    then start this rank's stager in the background -- from ``context`` where given (where
+    it cannot start one it raises an ``OSError`` with ``no_process`` set: then spawned).
+    Returns whether it was started."""
     global _thread
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape
@@ -31,14 +39,37 @@ def prestart(group) -> bool:
         return False
 
     def start():
+        why = ""
         try:
+            if context is not None and hasattr(ape, "mp"):
+                try:
+                    ape._CHECKPOINT_PROCESS = _construct(ape, info, context)
+                    HOW.append("forked")
+                    return
+                except OSError as e:
+                    if not getattr(e, "no_process", False):
+                        raise
+                    why = f" ({e})"  # nothing was started: spawn it as DCP does
             ape._CHECKPOINT_PROCESS = ape._AsyncCheckpointProcess(pg_init_info=info)
+            HOW.append("spawned" + why)
         except Exception as e:  # noqa: BLE001 - reported by wait(); DCP retries lazily
             _error.append(e)
 
     _thread = threading.Thread(target=start, daemon=True, name="dcp-stager-prestart")
     _thread.start()
     return True
+
+
+def _construct(ape, info, context):
+    """DCP's stager object with ``context`` as the ``multiprocessing`` its constructor asks
+    for its pipe and process (``mp.get_context("spawn")``); only this thread constructs one
+    (``wait`` comes before any process-staged save)."""
+    saved = ape.mp
+    ape.mp = context
+    try:
+        return ape._AsyncCheckpointProcess(pg_init_info=info)
+    finally:
+        ape.mp = saved
 
 
 def wait(timeout_s: float) -> None:

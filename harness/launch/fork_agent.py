@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from harness.worker import tether
+from harness.worker import stager_fork, tether
 
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "torch.distributed.checkpoint",
            "torch.distributed.checkpoint.state_dict", "torch.distributed.fsdp",
@@ -38,7 +38,8 @@ PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "torch.distribute
            "torch.distributed.device_mesh", "torch.distributed.run", "torch.optim",
            "harness.worker.main", "harness.worker.runner", "harness.worker.producers",
            "harness.checks.record", "harness.distributed.checkpoint",
-           "harness.distributed.gather", "harness.distributed.stager", "harness.distributed.run")
+           "harness.distributed.gather", "harness.distributed.stager", "harness.distributed.run",
+           "harness.worker.stager_fork")
 EXIT_LINE = "harness.fork_agent: process {pid} exitcode: {code}"
 FRESH_LINE = "harness.fork_agent: {why}; this launch's ranks start as fresh Pythons"
 BACKEND_VAR = "HARNESS_SERVER_BACKEND"  # the library the server preloads
@@ -64,10 +65,25 @@ def preload(backend: str) -> None:
         importlib.import_module(name)
     from harness import backends
     backends.get(backend).preload()  # the library under test, as each rank's _init would
+    _fill_caches()
     import torch
     if torch.cuda.is_initialized() or cuda_driver_initialized():
         raise RuntimeError("CUDA was initialized while importing the ranks' modules; forked "
                            "ranks could not use it")
+
+
+def _fill_caches() -> None:
+    """What every rank would compute alike, once here: Triton's key (a hash of its files and
+    its ~0.5 GB library, the first thing Inductor's cache asks when a rank compiles TE's fused
+    functions: 2.5% of the ranks' CPU samples in the whole TE matrix), where it is cached."""
+    for where in ("triton.runtime.cache", "triton.compiler.compiler"):
+        try:
+            triton_key = importlib.import_module(where).triton_key
+        except Exception:  # noqa: BLE001 - no Triton (CPU torch) or not there: nothing to fill
+            continue
+        if hasattr(triton_key, "cache_info"):
+            triton_key()
+        return
 
 
 def preload_from_env() -> None:
@@ -112,6 +128,8 @@ def _detach(env: dict, log: str, cwd: str) -> None:
 
 def agent_main(torchrun_args: list[str], env: dict, log: str, cwd: str) -> None:
     """A launch's torchrun agent, forked from the server (``rank_server.start_agent``)."""
+    if ERROR is not None:  # fresh ranks; their stagers spawn as DCP's do
+        env = {k: v for k, v in env.items() if k != stager_fork.SERVER_VAR}
     _detach(env, log, cwd)
     if ERROR is not None:
         print(FRESH_LINE.format(why=ERROR), file=sys.stderr, flush=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from harness.launch import fork_agent, procs, scratch
 from harness.launch.launch import TORCHRUN, popen_agent, scratch_parent
+from harness.worker import stager_fork
 
 PRELOAD = "harness.launch.server_preload"  # imported by the server: its import is the preload
 STOP_WAIT_S = 10.0
@@ -91,6 +92,7 @@ class RankServer:
         self.started = False
         self.dir: str | None = None  # its socket's directory
         self.pid: int | None = None
+        self.address: str | None = None  # its socket
         self._own_tracker = False
         self.broken: str | None = None  # why agents start fresh (the server failed)
         self.told = False  # ... said once on stderr
@@ -120,6 +122,7 @@ class RankServer:
             else:
                 config["tempdir"] = before
         self.started, self.pid = True, forkserver._forkserver._forkserver_pid
+        self.address = forkserver._forkserver._forkserver_address  # ranks' stagers fork here too
         return self
 
     def start_agent(self, argv: list[str], env: dict, log: Path, cwd: Path, timeout_s: float):
@@ -132,7 +135,8 @@ class RankServer:
             self.broken = "the rank server exited"
         if self.broken is None:
             p = self.ctx.Process(target=fork_agent.agent_main, name="torchrun-agent", args=(
-                argv[argv.index(TORCHRUN) + 1:], {**env, NVML_VAR: "1"}, str(log), str(cwd)))
+                argv[argv.index(TORCHRUN) + 1:],
+                {**env, NVML_VAR: "1", stager_fork.SERVER_VAR: self.address}, str(log), str(cwd)))
             errors: list[Exception] = []
 
             def start():  # waits until the server's imports are done

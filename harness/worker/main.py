@@ -79,21 +79,6 @@ class Context:
         return self.meshes[key]
 
 
-PROFILE_VAR = "HARNESS_PROFILE_DIR"  # set: each rank writes a cProfile of its run there
-
-
-def _start_profile():
-    """A running cProfile when ``HARNESS_PROFILE_DIR`` is set (e.g. around ``python -m harness
-    bench``), else None."""
-    if not os.environ.get(PROFILE_VAR):
-        return None
-    import cProfile
-    Path(os.environ[PROFILE_VAR]).mkdir(parents=True, exist_ok=True)
-    prof = cProfile.Profile()
-    prof.enable()
-    return prof
-
-
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
@@ -119,7 +104,7 @@ def _cpu_timeout_s(group) -> float | None:
         return None
 
 
-def _init(plan: dict, timeline: dict):
+def _init(plan: dict, timeline: dict, log_path: str):
     import torch
     import torch.distributed as dist
 
@@ -164,7 +149,8 @@ def _init(plan: dict, timeline: dict):
     timeline["process_group"] = time.time()
     if plan.get("stager"):  # the launch may run async_process saves (fed ones too)
         from harness.distributed import stager
-        stager.prestart(async_group)
+        from harness.worker import stager_fork
+        stager.prestart(async_group, stager_fork.context(log_path))
     backend = backends.get(plan["backend"])
     backend.preload()  # the library under test (TE) imports here, not inside the first case
     timeline["backend"] = time.time()
@@ -230,10 +216,10 @@ def main(argv=None, hard_exit: bool = True) -> int:
     ap.add_argument("--plan", required=True)
     args = ap.parse_args(argv)
     nice = os.nice(int(os.environ.get(NICE_VAR, "0")))  # before its imports and its stager
-    from harness.worker import tether
+    from harness.worker import rank_profile, tether
     tether.tether(tether.expected_parent())  # die with the torchrun agent
     tether.set_name(f"harness-rank{os.environ.get('RANK', '')}")  # for ps / top
-    profile = _start_profile()
+    profile = rank_profile.start()
     plan = json.loads(Path(args.plan).read_text())
     root = Path(plan["dir"])
     rank = int(os.environ["RANK"])
@@ -247,7 +233,7 @@ def main(argv=None, hard_exit: bool = True) -> int:
     # a rank stuck before its process group exists is ended by torchrun (its peers' store wait
     # times out), not by the launcher's watchdog: its stacks are written before that happens
     faulthandler.dump_traceback_later(0.8 * plan["setup_timeout_s"], file=stacks)
-    ctx = _init(plan, timeline)
+    ctx = _init(plan, timeline, log.name)
     faulthandler.cancel_dump_traceback_later()
     from harness.distributed import gather
     gather.GROUP = ctx.exchange
@@ -281,16 +267,9 @@ def main(argv=None, hard_exit: bool = True) -> int:
     from harness.distributed import stager
     stager.stop()
     dist.destroy_process_group()
-    timeline["exit"] = time.time()
+    timeline["exit"], timeline["stager"] = time.time(), ", ".join(stager.HOW)
     _write_json(root / "progress" / f"timeline{rank}.json", timeline)
-    if profile is not None:
-        profile.disable()
-        stem = Path(os.environ[PROFILE_VAR]) / f"{root.name}-rank{rank}"
-        profile.dump_stats(f"{stem}.prof")
-        import resource  # the rank's CPU seconds (all its threads), beside its wall clock profile
-        use = resource.getrusage(resource.RUSAGE_SELF)
-        _write_json(Path(f"{stem}.cpu.json"), dict(user_s=use.ru_utime, sys_s=use.ru_stime,
-                                                   wall_s=time.time() - _T_MAIN))
+    rank_profile.finish(profile, root.name, rank, _T_MAIN)
     # Everything is written: skip the interpreter's teardown (seconds of module and thread
     # clean-up per rank at every launch's end). The stager process exits when our end of its
     # pipe closes; the launcher kills whatever of the launch is left anyway.

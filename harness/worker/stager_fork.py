@@ -1,0 +1,176 @@
+"""A rank's DCP stager forked from the run's rank server instead of spawned.
+
+``dcp.async_save(..., async_checkpointer_type=PROCESS)`` runs each rank's save in a stager
+process that DCP starts with ``multiprocessing``'s *spawn* method: a fresh Python that imports
+torch and DCP, then the library under test while it unpickles the first state dict. On one
+H100 with the whole TE matrix the stagers were a quarter of all the CPU samples of the run
+(py-spy over every process), 85% of it those imports. Where the rank's launch came from the
+rank server (``harness/launch/rank_server.py``, whose preload imported all of that), the
+stager is forked from the server instead: the launch's environment tells the ranks the server's
+socket (``SERVER_VAR``), and :func:`context` gives DCP a ``multiprocessing`` context whose
+processes the server forks (``multiprocessing``'s forkserver protocol, over that socket).
+
+A forked stager is not the rank's child: it takes the rank's environment, nice value and log,
+and dies with its rank (a thread waits on the rank's pidfd) -- killing a launch's ranks ends
+their stagers. Where the server cannot fork it (gone, or no socket), the caller spawns the
+stager as DCP does (``distributed/stager.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import select
+import socket
+import tempfile
+import threading
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
+
+from harness.worker import tether
+
+SERVER_VAR = "HARNESS_STAGER_SERVER"  # the rank server's socket (set by the launch's server)
+
+
+class ServerUnavailable(OSError):
+    """The server forked no stager (gone, its socket refused, no pid came back): the caller
+    spawns it instead (``no_process``)."""
+    no_process = True
+
+
+def context(log_path: str) -> "ServerContext | None":
+    """What DCP asks for its stager's ``Pipe`` and ``Process`` where a server forks them;
+    None where this rank has no server (fresh launches, CPU runs without one)."""
+    address = os.environ.get(SERVER_VAR)
+    return ServerContext(address, log_path) if address else None
+
+
+class ServerContext:
+    """A ``multiprocessing`` context (the part DCP uses) whose processes the server forks."""
+
+    def __init__(self, address: str, log_path: str):
+        self.address, self.log_path = address, log_path
+
+    def get_context(self, method=None):  # DCP: mp.get_context("spawn")
+        return self
+
+    def Pipe(self, duplex: bool = True):  # noqa: N802 - multiprocessing's name
+        return multiprocessing.Pipe(duplex)
+
+    def Process(self, *args, **kwargs):  # noqa: N802
+        p = StagerProcess(*args, **kwargs)
+        p.setup = dict(address=self.address, env=dict(os.environ), nice=os.nice(0),
+                       rank_pid=os.getpid(), log=self.log_path,
+                       name=f"harness-stager{os.environ.get('RANK', '')}")
+        return p
+
+
+class StagerProcess(mp_context.ForkServerProcess):
+    """Started by the server's fork; in the child :meth:`run` first becomes the rank's."""
+    setup: dict
+
+    @staticmethod
+    def _Popen(process_obj):  # noqa: N802 - multiprocessing's name
+        return _ServerPopen(process_obj)
+
+    def run(self):
+        _become(self.setup)
+        super().run()
+
+
+class _ServerPopen(popen_forkserver.Popen):
+    """``popen_forkserver.Popen`` with the server's address from the process's setup instead
+    of this process's own forkserver (a rank never started one)."""
+
+    def _launch(self, process_obj):
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self.sentinel, w = _connect(process_obj.setup["address"], self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        try:
+            with open(w, "wb", closefd=True) as f:
+                f.write(buf.getbuffer())
+            self.pid = forkserver.read_signed(self.sentinel)
+        except (OSError, EOFError) as e:  # the server went away mid-request
+            raise ServerUnavailable(f"the rank server forked no stager ({e!r})") from e
+
+
+def _connect(address: str, fds: list[int]) -> tuple[int, int]:
+    """The forkserver protocol's request (``ForkServer.connect_to_new_process``): the child's
+    pipe ends, an "alive" fd (the child would use it only to ask for processes itself: ours is
+    /dev/null), the resource tracker's fd and the fds the child inherits."""
+    if len(fds) + 4 >= forkserver.MAXFDS_TO_SEND:
+        raise ValueError("too many fds")
+    parent_r, child_w = os.pipe()
+    child_r, parent_w = os.pipe()
+    alive = os.open(os.devnull, os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            try:
+                client.connect(address)
+            except OSError as e:
+                raise ServerUnavailable(f"the rank server's socket {address}: {e}") from e
+            reduction.sendfds(client, [child_r, child_w, alive, resource_tracker.getfd(), *fds])
+        return parent_r, parent_w
+    except BaseException:
+        os.close(parent_r)
+        os.close(parent_w)
+        raise
+    finally:
+        for fd in (child_r, child_w, alive):
+            os.close(fd)
+
+
+def _become(setup: dict) -> None:
+    """In the forked stager: the rank's environment, nice value and log; tethered to the
+    server (its parent) and to the rank."""
+    tether.tether()
+    tether.set_name(setup["name"])
+    _die_with(setup["rank_pid"])
+    os.environ.clear()
+    os.environ.update(setup["env"])
+    os.nice(max(0, setup["nice"] - os.nice(0)))
+    out = os.open(setup["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    tempfile.tempdir = None  # cached from the server's TMPDIR
+    multiprocessing.process.current_process()._config.pop("tempdir", None)
+
+
+def _die_with(pid: int) -> None:
+    """Exit the moment process ``pid`` (the rank) ends -- also in a collective of the stagers'
+    own group, where DCP's loop would wait out its timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3) or the rank is gone already
+        if not _alive(pid):
+            os._exit(1)
+        fd = None
+
+    def watch():
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(pid):
+                threading.Event().wait(0.2)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="die-with-rank").start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
