@@ -45,7 +45,7 @@ def _run(tmp_path, name: str, server=None):
     (launch,) = launcher.records
     d = tmp_path / name / launch.name
     timelines = [json.loads(p.read_text()) for p in (d / "progress").glob("timeline*")]
-    return result, timelines, (d / "torchrun.log").read_text()
+    return result, timelines, (d / "torchrun.log").read_text(), launch
 
 
 def _values(result) -> dict:
@@ -58,12 +58,13 @@ def test_forked_ranks_give_the_fresh_ranks_results_bit_for_bit(tmp_path):
     server = RankServer("torch", run_env("cpu", {})).start()
     try:
         server_pid = server.pid
-        forked, forked_lines, log = _run(tmp_path, "fork", server)
+        forked, forked_lines, log, record = _run(tmp_path, "fork", server)
         assert procs.alive(server_pid)  # one server for every launch of the run
     finally:
         server.stop()
     assert not procs.alive(server_pid) and not os.path.exists(server.dir)
-    fresh, fresh_lines, _ = _run(tmp_path, "fresh")
+    fresh, fresh_lines, _, _ = _run(tmp_path, "fresh")
+    assert record.fresh_ranks == ""  # the launch's ranks forked
     assert forked.status == fresh.status == "ok", (forked.errors, fresh.errors, log)
     values = _values(forked)
     assert len(values) > 20 and values == _values(fresh)  # losses, norms, round trips
@@ -81,13 +82,22 @@ def test_a_server_whose_imports_failed_starts_fresh_ranks(tmp_path):
     """The preload is never fatal: every agent says why and runs torchrun's fresh ranks."""
     server = RankServer("no_such_backend", run_env("cpu", {})).start()
     try:
-        result, lines, log = _run(tmp_path, "fallback", server)
+        result, lines, log, record = _run(tmp_path, "fallback", server)
     finally:
         server.stop()
     assert result.status == "ok", (result.errors, log)
     assert "the rank server's imports failed (ValueError: unknown backend 'no_such_backend'" \
         in log and "ranks start as fresh Pythons" in log
     assert all(t["imports"] - t["main"] > 0.2 for t in lines), lines  # they imported torch
+    # the launch's record says so, and so does the run's meta (not plainly "fork")
+    assert record.fresh_ranks.startswith("the rank server's imports failed (ValueError: unknown "
+                                         "backend 'no_such_backend'"), record.fresh_ranks
+    hs = types.SimpleNamespace(config=types.SimpleNamespace(getoption={
+        "rank_start": "fork", "nnodes": 1, "node_launcher": None}.get), device="cpu")
+    launches = [{"fresh_ranks": record.fresh_ranks}, {"fresh_ranks": ""}]
+    assert execution.rank_start_recorded(hs, launches) == \
+        f"fork (1 of 2 launches fresh: {record.fresh_ranks})"
+    assert execution.rank_start_recorded(hs, launches[1:]) == "fork"
 
 
 def test_a_forked_ranks_death_is_named_with_its_signal():
@@ -166,13 +176,14 @@ def test_a_server_that_died_leaves_fresh_agents(tmp_path):
         deadline = time.monotonic() + 10
         while procs.alive(server.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        result, lines, log = _run(tmp_path, "dead", server)
+        result, lines, log, record = _run(tmp_path, "dead", server)
     finally:
         server.stop()
     assert result.status == "ok", (result.errors, log)
     assert server.broken == "the rank server exited" and \
         "the rank server exited; this launch's ranks start as fresh Pythons" in log
     assert all(t["imports"] - t["main"] > 0.2 for t in lines), lines  # they imported torch
+    assert record.fresh_ranks == "the rank server exited"
 
 
 def test_a_server_that_forks_nothing_is_bounded(monkeypatch, tmp_path):

@@ -74,7 +74,7 @@ def record(launch, start, end, timed_out, cleanup, results, interrupted=False,
         procs.returncode(launch.agents), timed_out, launch.env.get("CUDA_VISIBLE_DEVICES", ""),
         interrupted=interrupted, start_failed=start_failed,
         phases=launch_dir.phases(launch.d, start, end, starts, ends),
-        started=start, ended=end, **cleanup))
+        started=start, ended=end, fresh_ranks=launch_dir.started_fresh(launch.d), **cleanup))
 
 
 def results(launch, start, end, hung, timed_out) -> dict:

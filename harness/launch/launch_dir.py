@@ -16,6 +16,7 @@ import re
 import signal
 from pathlib import Path
 
+from harness.launch import fork_agent
 from harness.launch.tasks import TaskResult
 
 LOG_TAIL = 6000
@@ -149,6 +150,20 @@ _EXIT = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
 _FORKED_EXIT = re.compile(r"harness\.fork_agent: process (\d+) exitcode: (-?\d+)")
+
+
+_FRESH = re.compile(re.escape(fork_agent.FRESH_LINE).replace(re.escape("{why}"), "(.*)"))
+
+
+def started_fresh(d: Path) -> str:
+    """Why a launch whose agent was to fork its ranks started them fresh (its log's first
+    ``fork_agent.FRESH_LINE``: the rank server broke or its imports failed), else ""."""
+    try:
+        with open(d / "torchrun.log", errors="replace") as f:
+            m = _FRESH.search(f.read(8192))  # said before torchrun starts
+    except OSError:
+        return ""
+    return m.group(1) if m else ""
 
 
 def rank_exits(torchrun_log: str, pid_ranks: dict[int, int] | None = None) -> dict[int, str]:

@@ -41,6 +41,16 @@ def rank_start(hs) -> str:
     return mode
 
 
+def rank_start_recorded(hs, launches: list[dict]) -> str:
+    """What the run's meta says of its ranks' start: :func:`rank_start`, and where the run
+    forks but launches started fresh (the server broke or its imports failed), how many and
+    the first one's reason (each launch record's ``fresh_ranks``)."""
+    mode, fresh = rank_start(hs), [r["fresh_ranks"] for r in launches if r.get("fresh_ranks")]
+    if mode == "fork" and fresh:
+        return f"fork ({len(fresh)} of {len(launches)} launches fresh: {fresh[0]})"
+    return mode
+
+
 def rank_server_for(hs) -> RankServer | None:
     """The run's rank server, started now (its imports overlap collection), where the run's
     ranks fork (:func:`rank_start`) and this process will run launches; else None."""

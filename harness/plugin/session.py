@@ -21,7 +21,7 @@ from harness.launch import interrupt
 from harness.launch.case_result import CaseResult
 from harness.plugin import interrupted, leftovers, options
 from harness.plugin.environment import RunEnvironment
-from harness.plugin.execution import Execution, rank_start, scope_of
+from harness.plugin.execution import Execution, rank_start_recorded, scope_of
 from harness.plugin.failure_text import FailureFormatter
 from harness.plugin.items import CaseItem, of_world_size
 from harness.plugin.registry_match import RegistryMatch
@@ -167,7 +167,8 @@ class HarnessSession:
                 rec.collected[cid] = (outcome, info)
         if rec.collected and rec.write_reports:
             meta = results.run_meta(self.root, self.device, self.backend, self.env.describe())
-            meta["rank_start"] = rank_start(self)  # fork / fresh: how the ranks started
+            # fork / fresh: how the ranks started (and launches that fell back to fresh ranks)
+            meta["rank_start"] = rank_start_recorded(self, rec.launch_records)
             rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
         if stopped or not rec.collected:
             return
