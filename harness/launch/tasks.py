@@ -63,8 +63,8 @@ class LaunchRecord:
     # imports, process group, backend (TE) import, before the first task, after the last
     phases: dict = field(default_factory=dict)
     started: float = 0.0  # wall-clock start / end (overlapping launches: the union is what counts)
-    fresh_ranks: str = ""  # the run forks ranks but this launch's started fresh: why
     ended: float = 0.0
+    fresh_ranks: str = ""  # the run forks ranks but this launch's started fresh: why
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
