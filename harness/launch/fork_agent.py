@@ -26,7 +26,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 
@@ -115,15 +114,8 @@ def _detach(env: dict, log: str, cwd: str) -> None:
         os.close(fd)
         forkserver._forkserver._forkserver_alive_fd = None
     os.chdir(cwd)
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.environ.clear()
-    os.environ.update(env)
+    stager_fork.adopt(env, log)
     os.environ[tether.PARENT_VAR] = str(os.getpid())  # what the ranks must see as parent
-    tempfile.tempdir = None  # cached from the server's TMPDIR
-    multiprocessing.process.current_process()._config.pop("tempdir", None)
 
 
 def agent_main(torchrun_args: list[str], env: dict, log: str, cwd: str) -> None:

@@ -135,14 +135,21 @@ def _become(setup: dict) -> None:
     tether.tether()
     tether.set_name(setup["name"])
     _die_with(setup["rank_pid"])
-    os.environ.clear()
-    os.environ.update(setup["env"])
+    adopt(setup["env"], setup["log"])
     os.nice(max(0, setup["nice"] - os.nice(0)))
-    out = os.open(setup["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def adopt(env: dict, log: str) -> None:
+    """A process the rank server forked (a launch's agent, a rank's stager) becomes its
+    launch's: ``env`` as its environment, its output appended to ``log``, and temporary files
+    in that environment's TMPDIR (the server's are cached)."""
+    os.environ.clear()
+    os.environ.update(env)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    tempfile.tempdir = None  # cached from the server's TMPDIR
+    tempfile.tempdir = None
     multiprocessing.process.current_process()._config.pop("tempdir", None)
 
 
