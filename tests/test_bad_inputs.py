@@ -214,3 +214,29 @@ def test_report_dir_failure_at_the_end_keeps_summary_and_cleans_work(pytester):
     assert "harness summary" in out and "outcomes: 1 passed" in out, out
     assert "reports NOT written to" in out and "Traceback" not in out, out
     assert work.is_dir() and list(work.iterdir()) == []  # the checkpoint dir was removed
+
+
+@pytest.mark.parametrize("args, code", [(["--scenario", "s", "--collect-only"], 0),
+                                        (["--scenario", "s", "--case-timeout", "0"], 4),
+                                        (["--scenario", "nope"], 4)])
+def test_the_collector_runs_again_however_the_run_ends(pytester, args, code):
+    """The plugin pauses this process's garbage collector from its configure to the run loop
+    (harness/plugin/collector.py); a collection, a usage error or an unknown scenario all
+    leave it running, with what was alive at the end of the pause frozen."""
+    import gc
+    enabled = gc.isenabled()
+    gc.enable()
+    # what a plugin of the run sees once the run loop begins (the cases' lanes run from there)
+    pytester.makeconftest("import gc\n\ndef pytest_runtestloop(session):\n"
+                          "    open('loop.txt', 'w').write(str(gc.isenabled()))\n")
+    try:
+        ret, text = _run(pytester, *args)
+        assert ret == code, text
+        assert gc.isenabled()
+        loop = pytester.path / "loop.txt"
+        assert (loop.read_text() == "True") if code == 0 else not loop.exists()
+        from harness.plugin import collector
+        assert not collector._paused
+    finally:
+        gc.unfreeze()
+        (gc.enable if enabled else gc.disable)()

@@ -216,3 +216,45 @@ def test_a_server_that_forks_nothing_is_bounded(monkeypatch, tmp_path):
         server.stop()
     text = (tmp_path / "log").read_text()
     assert "the rank server forked no agent within 0s" in text and "a fresh agent" in text
+
+
+@pytest.mark.integration
+def test_a_closed_server_ends_by_itself_and_forks_nothing_more(tmp_path):
+    """close() (the run's last launch ended) lets the server exit while the run writes its
+    results; stop() then only reaps it; a launch after close() would start fresh."""
+    server = RankServer("torch", run_env("cpu", {})).start()
+    try:
+        pid = server.pid
+        server.close()
+        deadline = time.monotonic() + 30  # it may still be importing: it exits after that
+        while procs.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not procs.alive(pid)  # ended by itself, before anyone waited for it
+        assert server.broken == "the rank server was closed"
+        argv = [sys.executable, "-c", "print('a fresh agent')", "torch.distributed.run"]
+        agent = server.start_agent(argv, dict(os.environ), tmp_path / "log", tmp_path, 5.0)
+        assert agent.wait(timeout=30) == 0
+        assert "the rank server was closed; this launch's ranks start as fresh" in \
+            (tmp_path / "log").read_text()
+    finally:
+        t0 = time.monotonic()
+        server.stop()
+    assert time.monotonic() - t0 < 2  # nothing left to wait for
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped
+    assert not os.path.exists(server.dir)
+
+
+def test_the_run_closes_its_server_once_its_lanes_ended():
+    """Execution.shutdown: the lanes end first (every launch and agent done), then the server
+    is closed -- its exit overlaps the writing of the run's results."""
+    order = []
+    ex = execution.Execution.__new__(execution.Execution)
+    ex.scheduler = types.SimpleNamespace(shutdown=lambda: order.append("lanes"))
+    ex.launcher = types.SimpleNamespace(
+        rank_server=types.SimpleNamespace(close=lambda: order.append("server")))
+    ex.shutdown()
+    assert order == ["lanes", "server"]
+    ex.launcher.rank_server = None  # fresh ranks: nothing to close
+    ex.shutdown()
+    assert order == ["lanes", "server", "lanes"]

@@ -107,9 +107,12 @@ class Execution:
 
     def shutdown(self) -> None:
         """The lanes end: at once if every case has its result, else they are stopped (a run
-        cut short by -x, --maxfail or Ctrl-C). Bounded."""
+        cut short by -x, --maxfail or Ctrl-C). Bounded. Then the rank server they forked
+        from may end (it exits while the run writes its results; unconfigure reaps it)."""
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        if self.launcher is not None and self.launcher.rank_server is not None:
+            self.launcher.rank_server.close()
 
     def cleanup(self, keep_work: bool) -> None:
         interrupt.no_stacks_on_sigusr1(self.stacks)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.launch import interrupt
-from harness.plugin import execution, model_check, options
+from harness.plugin import collector, execution, model_check, options
 from harness.plugin.items import STASH, CaseItem, ScenarioFile
 from harness.plugin.session import HarnessSession
 from harness.spec import catalog
@@ -82,6 +82,7 @@ def pytest_configure(config):
     if not names:
         return
     options.validate(config)  # one-line UsageErrors, before anything runs
+    collector.pause()  # until the collection is done (session.py): torch, the backend, items
     try:
         hs = HarnessSession(config, names)
     except (ScenarioError, registry.RegistryError, ValueError) as e:
@@ -108,6 +109,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    collector.settle()  # where the run ended before its collection did
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)

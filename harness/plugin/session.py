@@ -19,7 +19,7 @@ import pytest
 
 from harness.launch import interrupt
 from harness.launch.case_result import CaseResult
-from harness.plugin import interrupted, leftovers, options
+from harness.plugin import collector, interrupted, leftovers, options
 from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, rank_start_recorded, scope_of
 from harness.plugin.failure_text import FailureFormatter
@@ -136,6 +136,10 @@ class HarnessSession:
         self.execution.start(runnable, per_scope=self.worker_id is not None)
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session) -> None:
+        collector.settle()  # paused by hooks.pytest_configure (also an xdist controller's)
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:
