@@ -180,8 +180,9 @@ class RankServer:
         """End the server (its agents, tethered to it, end with it): close our end of its
         alive pipe -- the server exits when it reads EOF there -- and reap it, SIGKILLed after
         ``STOP_WAIT_S`` (after :meth:`close`: only the reaping); the same for
-        ``multiprocessing``'s resource tracker where the server's start started it. (``multiprocessing`` keeps this state in private attributes; its own
-        ``_stop`` methods wait without a bound.)"""
+        ``multiprocessing``'s resource tracker where the server's start started it.
+        (``multiprocessing`` keeps this state in private attributes; its own ``_stop``
+        methods wait without a bound.)"""
         if not self.started:
             return
         self.started = False

@@ -143,7 +143,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         units = [u for u in catalog.UNITS if u in set(cov["check"])]
         status = cov.pivot_table(index="case_id", columns="check", values="row_outcome",
                                  aggfunc="first").reindex(index=cases["case_id"], columns=units)
-        for u in units:  # (one lookup per case and unit took 1 s of a run's end: 15,000 cells)
+        for u in units:  # (a lookup per case and unit, 15,422 for the whole TE matrix: ~3x slower)
             cases[u] = status[u].fillna("").tolist()
         nr = cov[cov["row_outcome"] == "not_run"]
         why: dict[str, list] = {}
