@@ -177,23 +177,21 @@ class RankServer:
             os.close(fd)
 
     def stop(self) -> None:
-        """End the server (its agents, tethered to it, end with it): close our end of its
-        alive pipe -- the server exits when it reads EOF there -- and reap it, SIGKILLed after
-        ``STOP_WAIT_S`` (after :meth:`close`: only the reaping); the same for
+        """End the server (its agents, tethered to it, end with it): :meth:`close` (if not
+        done yet), then reap it, SIGKILLed after ``STOP_WAIT_S``; the same for
         ``multiprocessing``'s resource tracker where the server's start started it.
         (``multiprocessing`` keeps this state in private attributes; its own ``_stop``
         methods wait without a bound.)"""
         if not self.started:
             return
+        self.close()
         self.started = False
         from multiprocessing import forkserver, util
         server = forkserver._forkserver
         with server._lock:
-            pid, fd = server._forkserver_pid, server._forkserver_alive_fd
-            address = server._forkserver_address
-            server._forkserver_pid = server._forkserver_alive_fd = None
-            server._forkserver_address = None
-        _end(fd, pid)
+            pid, address = server._forkserver_pid, server._forkserver_address
+            server._forkserver_pid = server._forkserver_address = None
+        _end(None, pid)  # (close() closed our end of its pipe)
         if address and not util.is_abstract_socket_namespace(address):
             with contextlib.suppress(OSError):
                 os.unlink(address)
