@@ -21,10 +21,8 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
-import select
 import socket
 import tempfile
-import threading
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 
@@ -134,7 +132,7 @@ def _become(setup: dict) -> None:
     server (its parent) and to the rank."""
     tether.tether()
     tether.set_name(setup["name"])
-    _die_with(setup["rank_pid"])
+    tether.die_with(setup["rank_pid"])
     adopt(setup["env"], setup["log"])
     os.nice(max(0, setup["nice"] - os.nice(0)))
 
@@ -151,33 +149,3 @@ def adopt(env: dict, log: str) -> None:
     os.close(out)
     tempfile.tempdir = None
     multiprocessing.process.current_process()._config.pop("tempdir", None)
-
-
-def _die_with(pid: int) -> None:
-    """Exit the moment process ``pid`` (the rank) ends -- also in a collective of the stagers'
-    own group, where DCP's loop would wait out its timeout."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3) or the rank is gone already
-        if not _alive(pid):
-            os._exit(1)
-        fd = None
-
-    def watch():
-        if fd is not None:
-            select.select([fd], [], [])
-        else:
-            while _alive(pid):
-                threading.Event().wait(0.2)
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True, name="die-with-rank").start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

@@ -1,13 +1,16 @@
-"""A process tied to its parent's life: ``PR_SET_PDEATHSIG`` (Linux prctl option 1) makes the
-kernel SIGKILL it when its parent dies -- torchrun when pytest dies (``python -m
-harness.launch.tethered``), each rank when torchrun dies (worker/main.py). Linux only; elsewhere
-a no-op."""
+"""A process tied to another's life. To its parent's: ``PR_SET_PDEATHSIG`` (Linux prctl option 1)
+makes the kernel SIGKILL it when its parent dies -- torchrun when pytest dies (``python -m
+harness.launch.tethered``), each rank when torchrun dies (worker/main.py). To any process's
+(:func:`die_with`): a forked DCP stager, not its rank's child, exits when its rank ends
+(worker/stager_fork.py). Linux only; elsewhere a no-op."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
+import threading
 
 PARENT_VAR = "HARNESS_PARENT_PID"  # the pid a tethered process expects as its parent
 PR_SET_PDEATHSIG = 1
@@ -46,3 +49,34 @@ def expected_parent() -> int | None:
         return int(os.environ[PARENT_VAR])
     except (KeyError, ValueError):
         return None
+
+
+def die_with(pid: int) -> None:
+    """Exit (``os._exit``) the moment process ``pid`` ends, whatever this process is doing then
+    -- also waiting in a collective that would otherwise wait out its timeout. A thread waits on
+    ``pid``'s pidfd; without pidfds (Linux < 5.3) it looks every 0.2 s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd, or the process is gone already
+        if not _exists(pid):
+            os._exit(1)
+        fd = None
+
+    def watch():
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _exists(pid):
+                threading.Event().wait(0.2)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name=f"die-with-{pid}").start()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
