@@ -137,7 +137,8 @@ def test_where_ranks_fork(monkeypatch, device, gpus, given, nnodes, xdist, want)
         assert server.backend == "te" and server.env["OMP_NUM_THREADS"] == "1"
         launcher = Launcher("/nonexistent", "te", device, rank_server=server, nnodes=1)
         assert launcher.rank_server is server
-        assert Launcher("/x", "te", device, rank_server=server, nnodes=2).rank_server is None
+        with pytest.raises(ValueError, match="one-node launches only"):  # the plugin decides
+            Launcher("/x", "te", device, rank_server=server, nnodes=2)
 
 
 def test_agents_answer_cuda_questions_from_nvml(monkeypatch, tmp_path):

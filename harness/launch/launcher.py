@@ -60,9 +60,11 @@ class Launcher:
         self.on_record: list = []  # callbacks(LaunchRecord), called as each launch ends
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
-        # one-node launches fork their agents and ranks from the run's rank server (started
-        # by the plugin: rank_server.py); without one, or over nodes, fresh Pythons
-        self.rank_server = rank_server if nnodes == 1 and not node_launcher else None
+        # launches fork their agents and ranks from the run's rank server where the caller
+        # gave one (the plugin decides: plugin/execution.rank_start); else fresh Pythons
+        if rank_server is not None and (nnodes != 1 or node_launcher):
+            raise ValueError("a rank server forks the agents of one-node launches only")
+        self.rank_server = rank_server
 
     def expect(self, cases) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
