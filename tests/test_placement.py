@@ -125,3 +125,52 @@ def test_the_report_and_summary_say_how_ranks_ran(tmp_path):
     rows = {r["case_id"]: r for r in csv.DictReader(summary.open())}
     assert {(r["pg_backend"], r["ranks_per_gpu"]) for r in rows.values()} == {("gloo", "8"),
                                                                                ("nccl", "1")}
+
+
+def test_a_lane_per_module_of_a_worlds_cases_where_more():
+    """By default a GPU slice takes a launch per module of a world size's cases where they use
+    more than --launches-per-gpu's default (a rank pays a module's first use once; the 2-rank TE
+    matrix on one H100: 5 lanes 25.1 s, 4 lanes 29.1 s) -- still at most MAX_RANKS_PER_GPU
+    ranks a GPU; an explicit --launches-per-gpu is taken as given."""
+    cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
+    assert len({c.ax["module"] for c in cases}) == 5
+    auto = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4,
+                    lane_per_module=True)
+    assert len(auto.slots(2)) == 4  # no case known yet
+    auto.expect(cases)
+    assert [len(auto.slots(w)) for w in (2, 4, 8)] == [5, 4, 2]  # 10, 16, 16 ranks on the GPU
+    given = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4)
+    given.expect(cases)
+    assert [len(given.slots(w)) for w in (2, 4, 8)] == [4, 4, 2]
+    two = [c for c in cases if c.ax["module"] in ("Linear", "TransformerLayer")]
+    fewer = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4,
+                     lane_per_module=True)
+    fewer.expect(two)
+    assert len(fewer.slots(2)) == 4  # fewer modules than the default: the default
+    nccl = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=4,
+                    lane_per_module=True)
+    nccl.expect(cases)
+    assert nccl.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "6"}] * 5
+    cpu = Launcher("/nonexistent", "torch", "cpu", lane_per_module=True)
+    cpu.expect(cases)
+    assert cpu.slots(2) == [{}]
+
+
+@pytest.mark.parametrize("given, per_module, n", [(None, True, 4), (3, False, 3)])
+def test_the_plugin_counts_modules_unless_launches_per_gpu_is_given(tmp_path, given,
+                                                                    per_module, n):
+    from types import SimpleNamespace
+
+    from harness.plugin import execution
+    opts = {"work_dir": str(tmp_path / "work"), "launches_per_gpu": given, "nnodes": 1,
+            "rdzv_endpoint": None, "node_launcher": None, "gpu_share": "auto"}
+    hs = SimpleNamespace(
+        run_id="r1", worker_id=None, backend="te", device="cuda", rank_server=None,
+        config=SimpleNamespace(getoption=opts.get),
+        env=SimpleNamespace(visible_gpus=lambda: ["0"]),
+        record=SimpleNamespace(report_dir=tmp_path / "reports", on_launch=lambda r: None))
+    ex = execution.Execution.for_run(hs)
+    try:
+        assert (ex.launcher.lane_per_module, ex.launcher.launches_per_gpu) == (per_module, n)
+    finally:
+        ex.cleanup(keep_work=False)

@@ -34,13 +34,15 @@ class Launcher:
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
                  node_launcher: list[str] | None = None, launches_per_gpu: int = 1,
-                 gpu_share: str = "auto", rank_server=None):
+                 lane_per_module: bool = False, gpu_share: str = "auto", rank_server=None):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
         # GPU oversubscription: each GPU slice takes this many launches at once (the cases are
         # tiny; one launch leaves a GPU mostly idle). Bounded by --launches-per-gpu.
         self.launches_per_gpu = max(1, int(launches_per_gpu))
+        self.lane_per_module = lane_per_module  # or one per module (launches_per_slice)
+        self.modules: dict[int, set] = {}  # world size -> the modules of its cases (expect)
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         # Multi-node: the world is split over `nnodes` torchrun agents meeting at a c10d
         # rendezvous. With `node_launcher` (e.g. ["srun", "--nodes=2", "--ntasks-per-node=1"])
@@ -74,6 +76,8 @@ class Launcher:
         if self.device == "cuda":
             self.stager_worlds |= stager_worlds(cases)
         self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])
+        for c, w in ((c, w) for c in cases for w in c.world_sizes):
+            self.modules.setdefault(w, set()).add(c.ax.get("module"))
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""
@@ -82,16 +86,18 @@ class Launcher:
     # ------------------------------------------------------------------------------------
     def slots(self, world_size: int) -> list[dict]:
         """The launch environments of a world size (``placement.place``): each GPU slice
-        (its CUDA_VISIBLE_DEVICES) taken by up to ``launches_per_gpu`` launches at once, fewer
-        where ranks share a GPU (``placement.launches_per_slice``). One slot (no env) on
-        CPU."""
+        (its CUDA_VISIBLE_DEVICES) taken by up to ``launches_per_gpu`` launches at once (or one
+        per module of the world's cases: ``lane_per_module``), fewer where ranks share a GPU
+        (``placement.launches_per_slice``). One slot (no env) on CPU."""
         p = place(world_size, self.gpus, self.gpu_share) if self.device == "cuda" else None
         if p is None:
             return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}] if self.gpus and \
                 self.device == "cuda" else [{}]
         shared = launch_env(p, world_size, self.largest_world)
+        n = launches_per_slice(p, self.launches_per_gpu,
+                               len(self.modules.get(world_size, ())) * self.lane_per_module)
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
-                for _ in range(launches_per_slice(p, self.launches_per_gpu)) for sl in p.slices]
+                for _ in range(n) for sl in p.slices]
 
     def run_batch(self, tasks: list[Task], world_size: int, env: dict | None = None) -> dict:
         """Run ``tasks`` (all of ``world_size``) as one lane on the first GPU slot; re-launch

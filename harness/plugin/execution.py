@@ -24,7 +24,8 @@ def scope_of(case: Case) -> str:
 
 
 # launches at once per GPU slice unless --launches-per-gpu says otherwise (measured best of 3, 4
-# and 6 on 2x H200: reports/bench/README.md)
+# and 6 on 2x H200: reports/bench/README.md) -- or one per module of a world size's cases where
+# they use more (5 for the 2-rank TE matrix on one GPU: placement.launches_per_slice)
 LAUNCHES_PER_GPU = 4
 
 
@@ -79,7 +80,8 @@ class Execution:
     def for_run(cls, hs) -> "Execution":
         """The work dir and launcher of a HarnessSession ``hs`` (its options, environment and
         run record, which gets each launch's record). On cuda each GPU slice takes
-        ``--launches-per-gpu`` (default ``LAUNCHES_PER_GPU``) launches at once."""
+        ``--launches-per-gpu`` launches at once (default ``LAUNCHES_PER_GPU`` or one per module
+        of a world size's cases, where more)."""
         ex = cls(hs.run_id, hs.config.getoption("work_dir"))
         opt = hs.config.getoption
         launches = hs.record.report_dir / "runs" / hs.run_id / "launches"
@@ -89,6 +91,7 @@ class Execution:
             rdzv_endpoint=opt("rdzv_endpoint"),
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
+            lane_per_module=opt("launches_per_gpu") is None,
             gpu_share=opt("gpu_share"), rank_server=hs.rank_server)
         ex.launcher.on_record.append(hs.record.on_launch)
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
