@@ -94,8 +94,8 @@ class Launcher:
             return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}] if self.gpus and \
                 self.device == "cuda" else [{}]
         shared = launch_env(p, world_size, self.largest_world)
-        n = launches_per_slice(p, self.launches_per_gpu,
-                               len(self.modules.get(world_size, ())) * self.lane_per_module)
+        modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
+        n = launches_per_slice(p, self.launches_per_gpu, modules)
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
                 for _ in range(n) for sl in p.slices]
 
