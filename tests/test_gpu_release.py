@@ -48,7 +48,8 @@ def test_launcher_on_cuda_waits_for_the_launch_pids_and_records_held_memory(tmp_
     def ended(device, agents, tag, d, plan):  # only what end_processes reads
         launch = types.SimpleNamespace(
             settings=types.SimpleNamespace(device=device, gentle_stop=False), agents=agents,
-            tag=tag, d=d, plan_path=plan, tmp=None)
+            agent_ids=procs.identities([a.pid for a in agents]), tag=tag, d=d, plan_path=plan,
+            tmp=None)
         return end_processes(launch)
 
     (tmp_path / "progress").mkdir()

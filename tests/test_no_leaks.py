@@ -129,7 +129,7 @@ def test_tethered_process_dies_with_its_parent(tmp_path):
         while not (tmp_path / "child").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         child = int((tmp_path / "child").read_text())
-        assert procs.alive(child) and procs.tagged(tag) == [child]
+        assert procs.alive(child) and list(procs.tagged(tag)) == [child]
         os.kill(parent.pid, signal.SIGKILL)  # no clean-up code runs in the parent
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
@@ -179,7 +179,8 @@ def test_an_agent_still_running_is_killed_by_pid(tmp_path):
     group."""
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     plain = types.SimpleNamespace
-    stub = plain(agents=[agent], settings=plain(gentle_stop=False, device="cpu"), d=tmp_path,
+    stub = plain(agents=[agent], agent_ids=procs.identities([agent.pid]),
+                 settings=plain(gentle_stop=False, device="cpu"), d=tmp_path,
                  plan_path=tmp_path / "plan.json", tag=procs.new_tag("agent-test"), tmp=None)
     try:
         cleanup = ending.end_processes(stub)

@@ -37,7 +37,7 @@ def end_processes(launch) -> dict:
     for p in launch.agents:  # srun first gets a SIGTERM to forward to the remote nodes
         if launch.settings.gentle_stop:
             procs.terminate_gently(p)
-    agents = {p.pid for p in launch.agents}
+    agents = launch.agent_ids  # pid -> start time, taken when they started
     running = {p.pid for p in launch.agents if p.poll() is None}
     # the ranks this launch's progress files name (pids checked against the plan or the
     # agents' sessions: a stale pid may belong to someone else by now), everything below the
@@ -46,15 +46,16 @@ def end_processes(launch) -> dict:
     sessions = procs.in_sessions(agents)
     ranks = [pid for pid in launch_dir.pid_ranks(launch.d)
              if pid in sessions or str(launch.plan_path) in procs.cmdline(pid)]
-    extra = set(ranks) | procs.descendants(list(agents)) | running | sessions
-    for pid in agents:
-        procs.kill_group(pid)
+    extra = {**procs.identities(ranks), **procs.descendants(agents), **sessions,
+             **{pid: start for pid, start in agents.items() if pid in running}}
+    for pid, start in agents.items():
+        procs.kill_group(pid, start)
     killed, leaked = procs.kill_tagged(launch.tag, extra, timeout_s=KILL_WAIT_S)
     for p in launch.agents:
         procs.reap(p)
     held = []
     if launch.settings.device == "cuda":
-        held = gpu.wait_released(set(killed) | extra | agents, timeout_s=GPU_RELEASE_S)
+        held = gpu.wait_released(set(killed) | set(extra) | set(agents), timeout_s=GPU_RELEASE_S)
     if launch.tmp is not None:  # torchrun's log dir, multiprocessing's pymp-*, stagers' files
         shutil.rmtree(launch.tmp, ignore_errors=True)
     return dict(killed=len(killed), leaked=leaked, gpu_held=held)

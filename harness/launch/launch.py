@@ -86,6 +86,7 @@ class Launch:
         self.tag = procs.new_tag(name)
         self.by_name = {t.name: t for t in tasks}
         self.agents: list[subprocess.Popen] = []
+        self.agent_ids: dict[int, int] = {}  # pid -> start time (procs.identities), at start
         self.delivered: dict[str, TaskResult] = {}  # results handed to the feed
         self.fed, self.closed = 0, False
         self.t_start = None  # agents started (the start-up bound counts from here)
@@ -123,9 +124,11 @@ class Launch:
         env, log, s = self._env(), self.d / "torchrun.log", self.settings
         with open(log, "w") as out:
             for argv in self.argvs:
-                self.agents.append(
-                    s.rank_server.start_agent(argv, env, log, self.d, s.startup_timeout_s)
-                    if s.rank_server is not None else popen_agent(argv, env, out, self.d))
+                agent = s.rank_server.start_agent(argv, env, log, self.d, s.startup_timeout_s) \
+                    if s.rank_server is not None else popen_agent(argv, env, out, self.d)
+                self.agents.append(agent)
+                if (p := procs.info(agent.pid)) is not None:  # a zombie too: its pid is held
+                    self.agent_ids[agent.pid] = p.start
 
     def run(self) -> dict[str, TaskResult]:
         hung, timed_out, stopped = None, False, False
