@@ -189,3 +189,58 @@ def test_an_agent_still_running_is_killed_by_pid(tmp_path):
         if agent.poll() is None:
             agent.kill()
             agent.wait(timeout=10)
+
+
+RAISE_SCENARIO = """\
+name: unit_raise
+description: rank 0's train unit raises before the case's mesh exists
+axes:
+  recipe: [fp32]
+  mesh: [hsdp2x1]
+  module: [Linear]
+  dcp: [sync]
+  reshard: [none]
+  fault: [raise]
+timeout_s: 40
+"""
+
+
+@pytest.mark.integration
+def test_a_unit_raising_on_one_rank_before_the_mesh_exists_is_recorded(tmp_path):
+    """Making a mesh is a collective over the world (``new_group``; a 2-D mesh on every
+    torch). Made inside the train unit, rank 1 waited there while rank 0, whose unit raised
+    first, waited in the units' agreement: the case ran into its timeout. The worker makes the
+    phase's mesh before the units: the error is recorded and the launch goes on."""
+    (tmp_path / "unit_raise.yaml").write_text(RAISE_SCENARIO)
+    cases = expand(load_scenario(tmp_path / "unit_raise.yaml"), "torch")
+    launcher = Launcher(tmp_path / "launches", "torch", "cpu")
+    with Scheduler(launcher, cases, tmp_path / "ckpt") as sched:
+        (result,) = [sched.result(c) for c in cases]
+    assert result.status == "ok", (result.status, result.errors)
+    raised = [r for r in result.failed_rows if r["check"] == "train"]
+    assert raised and "injected fault" in raised[0]["detail"]
+
+
+def test_a_task_makes_its_phase_s_mesh_before_any_unit(monkeypatch, tmp_path):
+    """The order the test above needs, on any torch: where new_group connects lazily (torch
+    2.13) that test passes either way; torch 2.11 waited there
+    (reports/gpu/h100x1-te2.20.2-mesh-first)."""
+    import torch.distributed as dist
+
+    from harness.worker import main, runner
+    order = []
+    ctx = types.SimpleNamespace(
+        rank=1, world_size=2, control=None,
+        backend=types.SimpleNamespace(mesh_names=lambda case: {"dp_shard": "shard"}),
+        mesh=lambda spec, names: order.append(("mesh", spec, names)))
+    monkeypatch.setattr(dist, "barrier", lambda group=None: None)
+    monkeypatch.setattr(main, "_agree", lambda ctx, payload, timeout_s: [payload])
+    monkeypatch.setattr(runner, "run_phase",
+                        lambda ctx, case, phase, *a, **k: order.append(("units", phase)))
+    case = next(c for c in expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"))
+                if c.target is not None and c.target != c.mesh)
+    for phase, spec in (("train", case.mesh), ("reshard", case.target)):
+        order.clear()
+        main.run_task(ctx, dict(name="t", case=case.to_json(), ckpt_dir=str(tmp_path),
+                                phase=phase), dict(health_timeout_s=1.0, control_timeout_s=1.0))
+        assert order == [("mesh", spec, {"dp_shard": "shard"}), ("units", phase)], order

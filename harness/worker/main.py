@@ -181,6 +181,11 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
     rec, error, broken, t0 = Recorder(), None, False, time.time()
     try:
         faults.at_case_start(case, ctx.rank)
+        # the phase's mesh, made here on every rank and not inside a unit: making a mesh is a
+        # collective over the world (new_group), which a rank whose unit raised first never
+        # joins -- its peer would wait there while it waits in the units' agreement
+        ctx.mesh(case.mesh if task["phase"] == "train" else case.target,
+                 ctx.backend.mesh_names(case))
         runner.run_phase(ctx, case, task["phase"], ckpt, rec, plan["health_timeout_s"],
                          for_reshard=task.get("for_reshard", False))
     except runner.GroupBroken as e:
