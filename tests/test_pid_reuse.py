@@ -20,24 +20,23 @@ FAMILY = [sys.executable, "-c",
 
 
 def _family():
+    """(leader Popen, child's pid -> start)."""
     leader = subprocess.Popen(FAMILY, start_new_session=True)
     deadline = time.monotonic() + 20
     while not procs.descendants([leader.pid]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    (child,) = procs.descendants([leader.pid])
-    return leader, child
+    kids = procs.descendants([leader.pid])
+    assert len(kids) == 1, kids
+    return leader, kids
 
 
-def _end(*procs_):
-    for p in procs_:
-        if isinstance(p, int):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        elif p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
+def _end(popen, others=None):
+    """End what a test started: ``others`` (pid -> start) only while still those processes."""
+    if popen.poll() is None:
+        popen.kill()
+        popen.wait(timeout=10)
+    if others:
+        procs.kill_tagged(procs.new_tag("none"), others, timeout_s=10)
 
 
 def test_a_process_is_named_by_pid_and_start_time():
@@ -45,9 +44,13 @@ def test_a_process_is_named_by_pid_and_start_time():
     try:
         (start,) = procs.identities([p.pid]).values()
         assert procs.same(p.pid, start) and not procs.same(p.pid, start + 1)
+        os.kill(p.pid, signal.SIGKILL)  # not reaped: a zombie keeps its pid
+        deadline = time.monotonic() + 10
+        while not procs.info(p.pid).dead and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert procs.identities([p.pid]) == {} and not procs.same(p.pid, start)
     finally:
         _end(p)
-    assert procs.identities([p.pid]) == {}  # a zombie is not alive
 
 
 def test_kill_tagged_spares_a_pid_that_is_another_process_now():
@@ -68,13 +71,13 @@ def test_sessions_children_and_groups_of_a_taken_over_pid_are_not_ours():
     leader, child = _family()
     try:
         (start,) = procs.identities([leader.pid]).values()
-        assert set(procs.in_sessions({leader.pid: start})) == {leader.pid, child}
-        assert set(procs.descendants({leader.pid: start})) == {child}
+        assert set(procs.in_sessions({leader.pid: start})) == {leader.pid, *child}
+        assert procs.descendants({leader.pid: start}) == child
         assert procs.in_sessions({leader.pid: start + 1}) == {}
         assert procs.descendants({leader.pid: start + 1}) == {}
         procs.kill_group(leader.pid, start + 1)
         time.sleep(0.2)
-        assert leader.poll() is None and procs.alive(child)
+        assert leader.poll() is None and all(procs.same(*c) for c in child.items())
         procs.kill_group(leader.pid, start)
         assert leader.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -94,7 +97,7 @@ def test_a_launch_s_end_spares_what_took_over_its_agent_s_pid(tmp_path):
         (tmp_path / "progress").mkdir()
         cleanup = ending.end_processes(stub)
         time.sleep(0.2)
-        assert bystander.poll() is None and procs.alive(child)
+        assert bystander.poll() is None and all(procs.same(*c) for c in child.items())
         assert cleanup == dict(killed=0, leaked=[], gpu_held=[])
     finally:
         _end(bystander, child)
