@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from harness.worker.tether import exists
+
 _MARKED = re.compile(r"^harness-.+-p(?P<pid>\d+)-[A-Za-z0-9_]{8}$")
 
 
@@ -30,16 +32,6 @@ def owner(path: Path) -> int | None:
     """The pid in a marked directory's name, else None."""
     m = _MARKED.match(Path(path).name)
     return int(m["pid"]) if m else None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def parents(work_dir: str | Path | None = None) -> list[Path]:
@@ -67,7 +59,7 @@ def leftovers(dirs: list[Path]) -> list[Path]:
                 mine = p.is_dir() and not p.is_symlink() and p.stat().st_uid == uid
             except OSError:
                 continue
-            if pid is not None and mine and pid != os.getpid() and not alive(pid):
+            if pid is not None and mine and pid != os.getpid() and not exists(pid):
                 out.append(p)
     return out
 
