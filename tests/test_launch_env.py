@@ -4,6 +4,9 @@ come through the feed; the ranks share TorchInductor's caches across launches an
 memory mapped."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.launch import inductor_cache, launch_dir
@@ -58,13 +61,52 @@ def test_the_stager_starts_up_front_for_fed_async_process_cases(tmp_path):
     assert '"stager": false' in plan.read_text()
 
 
-def test_inductor_caches_outlive_a_launch_unless_the_user_chose(tmp_path):
+def test_inductor_caches_outlive_a_launch_unless_the_user_chose(tmp_path, monkeypatch):
+    monkeypatch.setattr(inductor_cache, "USER", dict.fromkeys(inductor_cache.USER))  # none set
     env = inductor_cache.worker_env({"XDG_CACHE_HOME": str(tmp_path)})
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "fsdp2-harness" / "inductor")
     assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).is_dir()
     assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     mine = {"TORCHINDUCTOR_CACHE_DIR": "/mine", "TORCHINDUCTOR_COMPILE_THREADS": "8"}
-    assert inductor_cache.worker_env(mine) == {}
+    assert inductor_cache.worker_env(mine, extra_env=mine) == {}
+    # a value in the environment the user did not set (torch's import wrote its default) is
+    # replaced
+    torch_default = {"XDG_CACHE_HOME": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/tmp/ti_x"}
+    assert inductor_cache.worker_env(torch_default)["TORCHINDUCTOR_CACHE_DIR"] == \
+        str(tmp_path / "fsdp2-harness" / "inductor")
+
+
+PROBE = """
+import json, os, sys
+from harness.launch.launch import run_env  # as the plugin imports it: before torch
+import torch._dynamo  # writes Inductor's default cache directory into os.environ
+written = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+env = run_env("cpu", json.loads(sys.argv[1]))
+print(json.dumps([written, env["TORCHINDUCTOR_CACHE_DIR"], env["TORCHINDUCTOR_COMPILE_THREADS"]]))
+"""
+
+
+def _probe(env: dict, extra: dict) -> list:
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(extra)], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_ranks_cache_is_ours_though_torch_wrote_its_default(tmp_path):
+    """torch's import writes ``TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user>`` into the
+    pytest process's environment; the ranks still get the harness's cache (it was the default
+    they used, this one never, before the user's settings were read as the plugin loads)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS")}
+    base["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    written, got, threads = _probe(base, {})
+    assert written and not written.startswith(str(tmp_path))  # torch did write its default
+    assert got == str(tmp_path / "xdg" / "fsdp2-harness" / "inductor") and threads == "1"
+    # the user's own choices are kept: in the environment, or in a launch's extra environment
+    assert _probe({**base, "TORCHINDUCTOR_CACHE_DIR": "/mine"}, {})[1] == "/mine"
+    assert _probe(base, {"TORCHINDUCTOR_CACHE_DIR": "/theirs"})[1] == "/theirs"
+    assert _probe({**base, "TORCHINDUCTOR_COMPILE_THREADS": "8"}, {})[2] == "8"
 
 
 def test_a_launch_environment_carries_the_caches(tmp_path):

@@ -15,11 +15,22 @@ compile worker processes (as many as the host has cores, each importing torch) f
 of tiny kernels, while the ranks of several launches share those cores. The kernels are the
 same either way; on 1x H200 (16 cores, warm cache) 16 threads measured no different from 1
 (reports/bench/README.md).
+
+Whether the user chose is read from the environment as this module was imported (with the
+plugin, before anything imports torch): importing ``torch._dynamo`` writes Inductor's default
+(``/tmp/torchinductor_<user>``) into ``os.environ`` (torch 2.11 and 2.13), which read later
+looks like the user's choice -- every launch's ranks used it, this directory never (seen on one
+H100, 2026-11-26: it stayed empty through eleven runs of the TE matrix).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+CACHE_VAR, THREADS_VAR = "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"
+# the user's own settings, read before torch's import can write its defaults into os.environ
+USER = {v: os.environ.get(v) for v in (CACHE_VAR, THREADS_VAR)}
 
 
 def cache_dir(env, name: str) -> Path | None:
@@ -32,13 +43,16 @@ def cache_dir(env, name: str) -> Path | None:
     return root
 
 
-def worker_env(env: dict) -> dict:
-    """The variables a rank's environment gets (none the user set is replaced)."""
+def worker_env(env: dict, extra_env: dict | None = None) -> dict:
+    """The variables a rank's environment gets: ours where the user set none -- in the
+    environment as the harness was imported (:data:`USER`) or in a launch's ``extra_env`` --,
+    whatever ``env`` holds by now (torch's import may have written its default there)."""
+    user = {**USER, **{k: v for k, v in (extra_env or {}).items() if k in USER}}
     out = {}
-    if not env.get("TORCHINDUCTOR_CACHE_DIR"):
+    if not user.get(CACHE_VAR):
         root = cache_dir(env, "inductor")  # None: Inductor's default (the launch's TMPDIR)
         if root is not None:
-            out["TORCHINDUCTOR_CACHE_DIR"] = str(root)
-    if not env.get("TORCHINDUCTOR_COMPILE_THREADS"):
-        out["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+            out[CACHE_VAR] = str(root)
+    if not user.get(THREADS_VAR):
+        out[THREADS_VAR] = "1"
     return out

@@ -210,7 +210,7 @@ def run_env(device: str, extra_env: dict) -> dict:
     # ``python -m pytest``): a model factory importable there is importable in the workers
     full["PYTHONPATH"] = os.pathsep.join(
         p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
-    full.update(inductor_cache.worker_env(full))
+    full.update(inductor_cache.worker_env(full, extra_env))
     return full
 
 
