@@ -62,7 +62,8 @@ def test_the_stager_starts_up_front_for_fed_async_process_cases(tmp_path):
 
 
 def test_inductor_caches_outlive_a_launch_unless_the_user_chose(tmp_path, monkeypatch):
-    monkeypatch.setattr(inductor_cache, "USER", dict.fromkeys(inductor_cache.USER))  # none set
+    none_set = dict.fromkeys(inductor_cache.USER_SETTINGS)
+    monkeypatch.setattr(inductor_cache, "USER_SETTINGS", none_set)
     env = inductor_cache.worker_env({"XDG_CACHE_HOME": str(tmp_path)})
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "fsdp2-harness" / "inductor")
     assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).is_dir()

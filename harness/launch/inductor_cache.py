@@ -30,7 +30,7 @@ from pathlib import Path
 
 CACHE_VAR, THREADS_VAR = "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"
 # the user's own settings, read before torch's import can write its defaults into os.environ
-USER = {v: os.environ.get(v) for v in (CACHE_VAR, THREADS_VAR)}
+USER_SETTINGS = {v: os.environ.get(v) for v in (CACHE_VAR, THREADS_VAR)}
 
 
 def cache_dir(env, name: str) -> Path | None:
@@ -45,9 +45,11 @@ def cache_dir(env, name: str) -> Path | None:
 
 def worker_env(env: dict, extra_env: dict | None = None) -> dict:
     """The variables a rank's environment gets: ours where the user set none -- in the
-    environment as the harness was imported (:data:`USER`) or in a launch's ``extra_env`` --,
-    whatever ``env`` holds by now (torch's import may have written its default there)."""
-    user = {**USER, **{k: v for k, v in (extra_env or {}).items() if k in USER}}
+    environment as the harness was imported (:data:`USER_SETTINGS`) or in a launch's
+    ``extra_env`` --, whatever ``env`` holds by now (torch's import may have written its
+    default there)."""
+    user = {**USER_SETTINGS,
+            **{k: v for k, v in (extra_env or {}).items() if k in USER_SETTINGS}}
     out = {}
     if not user.get(CACHE_VAR):
         root = cache_dir(env, "inductor")  # None: Inductor's default (the launch's TMPDIR)
