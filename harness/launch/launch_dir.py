@@ -99,28 +99,6 @@ def collect(d: Path, launch: str, by_name: dict, names=None) -> dict[str, TaskRe
     return out
 
 
-def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
-    """Seconds of the launch's phases, from the ranks' timelines (the slowest rank)."""
-    lines = []
-    for p in (d / "progress").glob("timeline*.json"):
-        try:
-            lines.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    out = {}
-    if lines and all({"main", "imports", "process_group", "backend"} <= set(t) for t in lines):
-        out["process_start"] = max(t["main"] for t in lines) - start
-        for a, b in (("main", "imports"), ("imports", "process_group"),
-                     ("process_group", "backend")):
-            out[b] = max(t[b] - t[a] for t in lines)
-        ready = max(t["backend"] for t in lines)
-        if starts:
-            out["first_task_wait"] = max(0.0, min(starts) - ready)
-    if ends:
-        out["teardown"] = end - max(ends)
-    return out
-
-
 def results(d: Path, names=None) -> dict:
     out = {}
     paths = (d / "results").glob("*.json") if names is None else \

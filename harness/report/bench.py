@@ -10,8 +10,9 @@ reads that run's history and launch records and prints:
   GPU-minute** (on CPU: per minute) -- a run with a failed case is marked not a benchmark
   figure (``valid`` false, exit status 1: a failing case may end early);
 * the launches' own phases (process start, imports, process group, backend import, waiting
-  for the first task, teardown) and the share of wall time no task ran (launch overhead: the
-  union of the launches' task intervals against the wall);
+  for the first task, waiting after the last one for a task that never came, teardown) and
+  the share of wall time no task ran (launch overhead: the union of the launches' task
+  intervals against the wall);
 * seconds per producer and check (summed over cases, the slowest rank each; a train phase
   cases share counted once), total and per case;
 * the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs;
@@ -39,7 +40,8 @@ import pandas as pd
 from harness.calibration import derive
 from harness.launch.tasks import task_wall
 
-PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "teardown")
+PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "idle_end",
+          "teardown")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

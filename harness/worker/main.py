@@ -266,6 +266,7 @@ def main(argv=None, hard_exit: bool = True) -> int:
                   flush=True)
             _write_json(progress, dict(pid=os.getpid(), task=None, state="pg_broken", t=time.time()))
             os._exit(EXIT_PG_BROKEN)
+    timeline["tasks_done"] = time.time()  # the feed closed: the launch's teardown begins
     _write_json(progress, dict(pid=os.getpid(), task=None, state="done", t=time.time()))
     import torch.distributed as dist
     dist.barrier(group=ctx.control)  # every rank is done with its stager's collectives too
