@@ -52,7 +52,7 @@ def worker_env(env: dict, extra_env: dict | None = None) -> dict:
             **{k: v for k, v in (extra_env or {}).items() if k in USER_SETTINGS}}
     out = {}
     if not user.get(CACHE_VAR):
-        root = cache_dir(env, "inductor")  # None: Inductor's default (the launch's TMPDIR)
+        root = cache_dir(env, "inductor")  # None: what env holds, else Inductor's default
         if root is not None:
             out[CACHE_VAR] = str(root)
     if not user.get(THREADS_VAR):
