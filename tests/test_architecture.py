@@ -19,8 +19,7 @@ PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.p
                       "launch/rank_server.py", "launch/fork_agent.py",
                       "launch/server_preload.py", "worker/stager_fork.py"]
 # not counted: launch/scratch.py (directories of killed runs swept by the next run: files, not
-# processes), the task model (tasks -- with a launch's phases --, task_graph, case_result),
-# placement, inductor_cache
+# processes), the task model (tasks, task_graph, case_result), placement, inductor_cache
 # 1500 before the rank server (issue 32: +427 lines for forked agents and ranks, kept with a
 # measured gain on the one-GPU TE matrix; +22 and the 176 of worker/stager_fork.py for DCP's
 # stagers forked from it, kept with +16% on the 2-rank TE matrix: reports/bench/README.md;
@@ -29,8 +28,8 @@ PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.p
 # collector pause for +11% on the 2-rank TE matrix; +6: a launch per module of a world size's
 # cases, kept with +16% on the 2-rank TE matrix; +50: processes named by pid and start time, a
 # kill through a pidfd -- a process that took over a launch's pid is never killed,
-# tests/test_pid_reuse.py); -22: a launch's phases, measurement, moved to the task model)
-PROCESS_MANAGEMENT_MAX_LINES = 2194
+# tests/test_pid_reuse.py); -8: launch_dir reads its JSON files through one helper)
+PROCESS_MANAGEMENT_MAX_LINES = 2208
 
 
 def _module(path: Path, root: Path) -> str:

@@ -110,7 +110,8 @@ def test_a_launch_s_wait_for_a_task_that_never_came_is_not_its_teardown(tmp_path
     """A lane's launch lives while its feed may bring a task (the whole TE matrix's 2-rank lanes
     waited 25-30 s for reshards onto their world size): the time from its last task's end to
     its feed's close is ``idle_end``, the rest ``teardown``; neither counts as task time."""
-    from harness.launch.tasks import phases, task_wall
+    from harness.launch.launch_dir import phases
+    from harness.launch.tasks import task_wall
     (tmp_path / "progress").mkdir()
     for rank, done in ((0, 130.0), (1, 131.0)):
         line = dict(main=101.0, imports=101.0, process_group=102.0, backend=102.5,

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from harness.launch import gpu, launch_dir, procs
-from harness.launch.tasks import LaunchRecord, TaskResult, phases
+from harness.launch.tasks import LaunchRecord, TaskResult
 
 STACK_GRACE_S = 3.0
 KILL_WAIT_S = 15.0  # bounded wait for a launch's killed processes to be gone
@@ -74,7 +74,7 @@ def record(launch, start, end, timed_out, cleanup, results, interrupted=False,
         launch.name, launch.world_size, len(results), end - start, overhead,
         procs.returncode(launch.agents), timed_out, launch.env.get("CUDA_VISIBLE_DEVICES", ""),
         interrupted=interrupted, start_failed=start_failed,
-        phases=phases(launch.d, start, end, starts, ends),
+        phases=launch_dir.phases(launch.d, start, end, starts, ends),
         started=start, ended=end, fresh_ranks=launch_dir.started_fresh(launch.d), **cleanup))
 
 

@@ -72,13 +72,8 @@ def result_names(d: Path) -> set[str]:
 
 def current(d: Path):
     """(task, start time, pids) of the task the ranks are running, or None."""
-    progress = []
-    for p in (d / "progress").glob("rank*.json"):
-        try:
-            progress.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    done = {p.stem for p in (d / "results").glob("*.json")}
+    progress = list(read_json((d / "progress").glob("rank*.json")).values())
+    done = result_names(d)
     running = [p for p in progress if p.get("task") and p["task"] not in done]
     if not running:
         return None
@@ -99,10 +94,11 @@ def collect(d: Path, launch: str, by_name: dict, names=None) -> dict[str, TaskRe
     return out
 
 
-def results(d: Path, names=None) -> dict:
+def read_json(paths) -> dict:
+    """file stem -> its parsed JSON, for each of ``paths`` that can be read whole (the ranks
+    write these files while the launcher reads them: one missing or half-written is left
+    out)."""
     out = {}
-    paths = (d / "results").glob("*.json") if names is None else \
-        [d / "results" / f"{n}.json" for n in names]
     for p in paths:
         try:
             out[p.stem] = json.loads(p.read_text())
@@ -111,17 +107,38 @@ def results(d: Path, names=None) -> dict:
     return out
 
 
+def results(d: Path, names=None) -> dict:
+    return read_json((d / "results").glob("*.json") if names is None else
+                     [d / "results" / f"{n}.json" for n in names])
+
+
+def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
+    """Seconds of the launch's phases, from its ranks' timelines (the slowest rank). After the
+    last task: ``idle_end`` -- the ranks waiting for a task that never came (a lane's launch
+    lives while its feed may still bring one, e.g. a reshard onto its world size) -- then
+    ``teardown``, from the feed's close to the launch's end."""
+    lines = list(read_json((d / "progress").glob("timeline*.json")).values())
+    out = {}
+    if lines and all({"main", "imports", "process_group", "backend"} <= set(t) for t in lines):
+        out["process_start"] = max(t["main"] for t in lines) - start
+        for a, b in (("main", "imports"), ("imports", "process_group"),
+                     ("process_group", "backend")):
+            out[b] = max(t[b] - t[a] for t in lines)
+        ready = max(t["backend"] for t in lines)
+        if starts:
+            out["first_task_wait"] = max(0.0, min(starts) - ready)
+    if ends:
+        # a rank's tasks_done: its feed closed (a rank killed before it has none)
+        closed = max([t["tasks_done"] for t in lines if "tasks_done" in t] + [max(ends)])
+        out["idle_end"], out["teardown"] = closed - max(ends), end - closed
+    return out
+
+
 def units(d: Path, task: str) -> dict[int, str]:
     """rank -> the unit (producer / check) each rank last started in ``task``."""
-    out = {}
-    for p in (d / "progress").glob("rank*.json"):
-        try:
-            prog = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if prog.get("task") == task and prog.get("unit"):
-            out[int(p.stem[4:])] = prog["unit"]
-    return out
+    return {int(stem[4:]): prog["unit"]
+            for stem, prog in read_json((d / "progress").glob("rank*.json")).items()
+            if prog.get("task") == task and prog.get("unit")}
 
 
 _EXIT = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -176,13 +193,10 @@ def crash_account(d: Path, task) -> str:
 def pid_ranks(d: Path) -> dict[int, int]:
     """pid -> rank, from ``progress/rank*.json``."""
     out = {}
-    for p in (d / "progress").glob("rank*.json"):
-        try:
-            pid = json.loads(p.read_text()).get("pid")
-        except (OSError, json.JSONDecodeError, AttributeError):
-            continue
+    for stem, prog in read_json((d / "progress").glob("rank*.json")).items():
+        pid = prog.get("pid") if isinstance(prog, dict) else None
         if isinstance(pid, int):
-            out[pid] = int(p.stem[4:])
+            out[pid] = int(stem[4:])
     return out
 
 

@@ -3,7 +3,6 @@ its result, and the record of one torchrun launch."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,33 +77,6 @@ def _union(intervals: list[tuple[float, float]]) -> float:
             total += b - end
             end = b
     return total
-
-
-def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
-    """Seconds of the launch's phases, from its ranks' timelines (the slowest rank). After the
-    last task: ``idle_end`` -- the ranks waiting for a task that never came (a lane's launch
-    lives while its feed may still bring one, e.g. a reshard onto its world size) -- then
-    ``teardown``, from the feed's close to the launch's end."""
-    lines = []
-    for p in (d / "progress").glob("timeline*.json"):
-        try:
-            lines.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    out = {}
-    if lines and all({"main", "imports", "process_group", "backend"} <= set(t) for t in lines):
-        out["process_start"] = max(t["main"] for t in lines) - start
-        for a, b in (("main", "imports"), ("imports", "process_group"),
-                     ("process_group", "backend")):
-            out[b] = max(t[b] - t[a] for t in lines)
-        ready = max(t["backend"] for t in lines)
-        if starts:
-            out["first_task_wait"] = max(0.0, min(starts) - ready)
-    if ends:
-        # a rank's tasks_done: its feed closed (a rank killed before it has none)
-        closed = max([t["tasks_done"] for t in lines if "tasks_done" in t] + [max(ends)])
-        out["idle_end"], out["teardown"] = closed - max(ends), end - closed
-    return out
 
 
 def task_wall(launches: list[dict]) -> float:
