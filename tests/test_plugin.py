@@ -1,5 +1,7 @@
 """The pytest plugin end to end, in pytest subprocesses (fresh interpreter, real launches)."""
 
+import json
+
 import pandas as pd
 import pytest
 from subprocs import run_pytest
@@ -95,8 +97,9 @@ def test_max_world_size_skips_with_reason(tmp_path, tiny):
 
 
 @pytest.mark.integration
-def test_xfail_registry_outcomes_and_reports(tmp_path, tiny):
+def test_xfail_registry_outcomes_and_reports(tmp_path, tiny, monkeypatch):
     (tiny / "xfails.yaml").write_text(REGISTRY)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # a user's CUDA setting: recorded
     reports = tmp_path / "reports"
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
                          "--report-dir", str(reports), "--junitxml", str(tmp_path / "j.xml"), "-rxXf")
@@ -139,6 +142,11 @@ def test_xfail_registry_outcomes_and_reports(tmp_path, tiny):
     assert (reshard["row_outcome"] == "pass").all()
     assert {"torch_version", "git_sha", "date"} <= set(df.columns)
     assert (tmp_path / "j.xml").read_text().count("<testcase") == 6
+    # the ranks' CUDA / cuBLAS / NCCL / TE / torch variables, the user's and the harness's own
+    meta = json.loads(next((reports / "runs").glob("*/meta.json")).read_text())
+    assert meta["rank_env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert meta["rank_env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not {"HOME", "PATH", "PYTHONPATH"} & set(meta["rank_env"])
 
 
 @pytest.mark.integration

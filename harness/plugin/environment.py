@@ -9,6 +9,12 @@ import os
 from harness.launch import placement
 from harness.plugin import gpu_count
 
+# the ranks' variables a run's meta records (``rank_env``): what changes how CUDA, cuBLAS,
+# NCCL, TE and torch run -- e.g. a user's CUDA_DEVICE_MAX_CONNECTIONS=1, which serializes each
+# rank's CUDA streams (reports/bench/README.md, issue 32's eleventh session): runs with and
+# without such a setting are told apart
+RECORDED_ENV_PREFIXES = ("CUDA_", "CUBLAS_", "NCCL_", "NVTE_", "TORCH_", "PYTORCH_")
+
 
 class RunEnvironment:
     """The run's ``backend`` (name and, lazily, ``backend_obj``), ``device`` and
@@ -45,6 +51,13 @@ class RunEnvironment:
             env.update(self.backend_obj.versions())
             self._described = env
         return self._described
+
+    def rank_env(self) -> dict:
+        """The variables of the ranks' environment named by :data:`RECORDED_ENV_PREFIXES`, as
+        every launch of this run gets them (the user's and the harness's own)."""
+        from harness.launch.launch import run_env
+        env = run_env(self.device, {})
+        return {k: env[k] for k in sorted(env) if k.startswith(RECORDED_ENV_PREFIXES)}
 
     def visible_gpus(self) -> list[str]:
         """GPU ids launches may use: CUDA_VISIBLE_DEVICES if the caller set it, else all the

@@ -173,6 +173,7 @@ class HarnessSession:
             meta = results.run_meta(self.root, self.device, self.backend, self.env.describe())
             # fork / fresh: how the ranks started (and launches that fell back to fresh ranks)
             meta["rank_start"] = rank_start_recorded(self, rec.launch_records)
+            meta["rank_env"] = self.env.rank_env()
             rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
         if stopped or not rec.collected:
             return
