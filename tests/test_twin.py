@@ -95,3 +95,21 @@ def test_a_missing_tolerance_names_the_scenario_that_measures_it(check, scenario
     where = tolerances.Population("reference", "cuda", "gloo", 2, "LayerNormMLP")  # none there
     with pytest.raises(tolerances.MissingTolerance, match=f"scenarios/{scenario}"):
         tolerances.lookup(check, "params", "bf16", where=where)
+
+
+def test_the_one_rank_group_is_made_by_its_rank_alone_without_splitting_nccl(monkeypatch):
+    """Rank 0 makes the twin's group alone: it must not be an NCCL group, which under the
+    worker's eagerly initialized NCCL default group is a comm split every rank must join (rank
+    0 waited there for good on 2x H100; tests/gpu/test_nccl_ranks_cuda.py runs it there)."""
+    from harness.distributed import single
+    calls = []
+    monkeypatch.setattr(single, "_MESHES", {})
+    monkeypatch.setattr(single.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(single.dist, "new_group",
+                        lambda ranks=None, **kw: calls.append((ranks, kw)) or "group")
+    monkeypatch.setattr(single.DeviceMesh, "from_group",
+                        staticmethod(lambda group, device_type, mesh_dim_names: (group, device_type,
+                                                                               mesh_dim_names)))
+    assert single.singleton_mesh("cuda", {"shard": "dp_shard"}) == ("group", "cuda", ("dp_shard",))
+    assert single.singleton_mesh("cuda", {"shard": "dp_shard"}) == ("group", "cuda", ("dp_shard",))
+    assert calls == [([1], {"backend": "gloo", "use_local_synchronization": True})]

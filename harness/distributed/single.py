@@ -23,14 +23,24 @@ from harness.spec.mesh import SHARD, MeshSpec
 
 SPEC = MeshSpec("dp1")  # one FSDP2 shard of size 1: the whole model on this rank
 _MESHES: dict = {}
+LOCAL_BACKEND = "gloo"  # the one-rank group's: no split of the launch's NCCL communicator
 
 
 def singleton_mesh(device_type: str, names: dict | None = None) -> DeviceMesh:
     """A 1-D, one-rank device mesh of this rank (its dim named as the backend names SHARD);
-    one per process and dim name (process groups are costly)."""
+    one per process and dim name (process groups are costly).
+
+    Its group is gloo, whatever the launch's backend: rank 0 makes it alone (the twin is
+    computed once, on rank 0), and a new NCCL group under an eagerly initialized default group
+    (``device_id`` bound, as the worker's NCCL launches are) is an ``ncclCommSplit`` of the
+    default communicator, which every rank of the launch must call -- rank 0 waited there for
+    good in every world-2 NCCL launch (2x H100, 2026-11-27). On one rank a collective is a
+    copy, so the twin's values do not depend on the group's backend; gloo runs FSDP2's
+    collectives on CUDA tensors (ranks sharing a GPU use nothing else)."""
     name = (names or {}).get(SHARD, SHARD)
     if (device_type, name) not in _MESHES:
-        group = dist.new_group([dist.get_rank()], use_local_synchronization=True)
+        group = dist.new_group([dist.get_rank()], backend=LOCAL_BACKEND,
+                               use_local_synchronization=True)
         _MESHES[(device_type, name)] = DeviceMesh.from_group(group, device_type,
                                                              mesh_dim_names=(name,))
     return _MESHES[(device_type, name)]
