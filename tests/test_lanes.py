@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeLauncher:
+    device, gpus, gpu_share = "cpu", [], "auto"  # what the scheduler reads for case_backend
     """Runs each fed task at once; ``crash`` names tasks whose launch dies while they run."""
 
     def __init__(self, slots=1, crash=(), no_checkpoint=()):
@@ -27,7 +28,7 @@ class FakeLauncher:
         self.busy, self.max_busy = 0, 0
         self.order: list[str] = []  # every task run, in time order
 
-    def slots(self, world):
+    def slots(self, world, pg_backend=""):
         return [{"slot": str(i)} for i in range(self.n_slots)]
 
     def stop(self):

@@ -12,7 +12,7 @@ from harness.plugin.environment import RunEnvironment
 from harness.results.case_rows import case_rows
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
-from harness.worker.main import NICE_VAR, RANKS_PER_GPU_VAR
+from harness.worker.main import NICE_VAR, PG_BACKEND_VAR, own_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,17 +36,17 @@ def test_always_shares_even_with_a_gpu_per_rank():
         placement.place(2, ["0"], "sometimes")
 
 
-def test_shared_slots_carry_the_ranks_per_gpu_and_fewer_launches():
+def test_shared_slots_say_gloo_and_take_fewer_launches():
     """A GPU holds at most MAX_RANKS_PER_GPU ranks of concurrent launches (4 launches x 8 ranks
     on one H200 ran out of memory)."""
     one = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4)
-    assert one.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "2"}] * 4
-    assert one.slots(8) == [{"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "8"}] * 2
+    assert one.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0", PG_BACKEND_VAR: "gloo"}] * 4
+    assert one.slots(8) == [{"CUDA_VISIBLE_DEVICES": "0", PG_BACKEND_VAR: "gloo"}] * 2
     assert one.slots(1) == [{"CUDA_VISIBLE_DEVICES": "0"}] * 4  # a GPU per rank: no share
     two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=4)
     assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}] * 4
     never = Launcher("/nonexistent", "te", "cuda", gpus=["0"], gpu_share="never")
-    assert RANKS_PER_GPU_VAR not in never.slots(2)[0]
+    assert PG_BACKEND_VAR not in never.slots(2)[0]
     assert Launcher("/nonexistent", "torch", "cpu").slots(8) == [{}]
 
 
@@ -61,9 +61,9 @@ def test_smaller_worlds_run_at_a_lower_cpu_priority():
     cases = expand(load_scenario(ROOT / "scenarios" / "smoke.yaml"))
     assert {w for c in cases for w in c.world_sizes} == {2, 4}
     one.expect(cases)
-    assert one.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "2",
+    assert one.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0", PG_BACKEND_VAR: "gloo",
                              NICE_VAR: "3"}] * 4
-    assert one.slots(4)[0] == {"CUDA_VISIBLE_DEVICES": "0", RANKS_PER_GPU_VAR: "4"}
+    assert one.slots(4)[0] == {"CUDA_VISIBLE_DEVICES": "0", PG_BACKEND_VAR: "gloo"}
     two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=1)
     two.expect(cases)  # NCCL launches share the host's cores too
     assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "3"}]
@@ -174,3 +174,46 @@ def test_the_plugin_counts_modules_unless_launches_per_gpu_is_given(tmp_path, gi
         assert (ex.launcher.lane_per_module, ex.launcher.launches_per_gpu) == (per_module, n)
     finally:
         ex.cleanup(keep_work=False)
+
+
+def test_every_phase_of_a_case_runs_on_the_backend_it_is_recorded_with(tmp_path):
+    """On 2 GPUs a dp4 -> dp2 case trains shared (gloo) and loads on 2 ranks: that phase gets a
+    gloo launch of its own, a GPU per rank -- not the NCCL lanes of the world-2 cases (2x H100,
+    2026-11-27: its next step on NCCL moved by up to rel-L2 7.9e-3 from the gloo run it
+    continues, judged by NCCL's tolerance, recorded as gloo). dp2 -> dp4 likewise, with a
+    training of its own (not the NCCL dp2 case's)."""
+    from harness.launch.task_graph import TaskGraph
+    cases = {c.id.split("[")[1].rstrip("]"): c
+             for c in expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")}
+    down, up, dp2 = (cases["bf16-dp4-Linear-sync-to_dp2"], cases["bf16-dp2-Linear-sync-to_dp4"],
+                     cases["bf16-dp2-Linear-sync-none"])
+
+    def pg(gpus, device="cuda"):
+        host = Launcher("/nonexistent", "te", device, gpus=gpus)
+        return lambda c: placement.case_backend(c, host)
+    assert [pg(["0", "1"])(c) for c in (down, up, dp2)] == ["gloo", "gloo", "nccl"]
+    graph = TaskGraph([down, up, dp2], tmp_path, lambda c: "all", pg(["0", "1"]))
+    keys = {f"{t.phase}:{t.case.id.split('[')[1].rstrip(']')}": graph.key(t) for t in graph.all}
+    assert keys["reshard:bf16-dp4-Linear-sync-to_dp2"] == ("all", 2, "gloo")
+    assert keys["train:bf16-dp2-Linear-sync-to_dp4"] == ("all", 2, "gloo")
+    assert keys["train:bf16-dp2-Linear-sync-none"] == ("all", 2, "nccl")
+    assert graph.shared_with == {}  # the gloo case trains its own, not the NCCL case's
+    two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=1)
+    assert two.slots(2, "gloo") == [{"CUDA_VISIBLE_DEVICES": "0,1", PG_BACKEND_VAR: "gloo"}]
+    assert two.slots(2, "nccl") == two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}]
+    # one GPU: every case shares anyway (one training, as before); CPU: no backend to choose
+    assert {pg(["0"])(c) for c in (down, up, dp2)} == {"gloo"}
+    shared = TaskGraph([down, up, dp2], tmp_path, lambda c: "all", pg(["0"])).shared_with
+    assert {k: c.key for k, c in shared.items()} == {up.key: dp2.key}
+    assert pg(["0", "1"], "cpu")(dp2) == pg([])(dp2) == ""
+
+
+def test_a_gloo_rank_sees_only_its_own_gpu():
+    """Rank r of a gloo launch on GPUs "0,1" sees GPU r mod 2 alone (device 0): DCP's async
+    thread and stager, which never call set_device, then make no context on GPU 0."""
+    env = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert own_gpu(env, 3) == 0 and env["CUDA_VISIBLE_DEVICES"] == "1"
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6"}
+    assert own_gpu(env, 4) == 0 and env["CUDA_VISIBLE_DEVICES"] == "5"
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    assert own_gpu(env, 7) == 0 and env["CUDA_VISIBLE_DEVICES"] == "0"

@@ -86,14 +86,14 @@ def test_ready_and_results_of_a_shared_train_task(cases):
     g = _graph([none, dp4, hsdp])
     train = g.tasks[none.key][0]
     # the 2-rank key: the train task with the 2-rank reshard right after it
-    assert [[t.name for t in b] for b in g.ready(("all", 2), set())] == \
+    assert [[t.name for t in b] for b in g.ready(("all", 2, ""), set())] == \
         [[train.name, f"{hsdp.key}.reshard"]]
-    assert g.ready(("all", 4), set()) == []  # waits for the checkpoint
+    assert g.ready(("all", 4, ""), set()) == []  # waits for the checkpoint
     assert g.pending(dp4.key) == [train.name, f"{dp4.key}.reshard"]
     row = dict(check="fp32_parity", quantity="loss", metric="max_abs", value=0.0,
                tolerance=1e-6, outcome="pass", detail="")
     g.done[train.name] = TaskResult(train.name, "ok", rows=[row], seconds=2.0)
-    assert [[t.name for t in b] for b in g.ready(("all", 4), set())] == \
+    assert [[t.name for t in b] for b in g.ready(("all", 4, ""), set())] == \
         [[f"{dp4.key}.reshard"]]
     g.done[f"{dp4.key}.reshard"] = TaskResult(f"{dp4.key}.reshard", "ok", seconds=1.0)
     res = assemble(dp4, g.tasks[dp4.key], g.done)
@@ -111,7 +111,7 @@ def test_a_shared_train_task_that_made_no_checkpoint_leaves_each_reshard_not_run
     save = dict(check="save", quantity="*", metric="coverage", value=float("nan"),
                 tolerance=float("nan"), outcome="failed", detail="failed: disk full")
     g.done[train.name] = TaskResult(train.name, "ok", rows=[save])
-    assert g.ready(("all", 4), set()) == []
+    assert g.ready(("all", 4, ""), set()) == []
     rows = g.done[f"{dp4.key}.reshard"].rows
     assert rows == not_run_reshard(dp4, g.done[train.name])
     assert all(r["outcome"] == "not_run" and "disk full" in r["detail"] for r in rows)

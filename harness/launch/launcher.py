@@ -84,16 +84,16 @@ class Launcher:
         self._stop.set()
 
     # ------------------------------------------------------------------------------------
-    def slots(self, world_size: int) -> list[dict]:
-        """The launch environments of a world size (``placement.place``): each GPU slice
-        (its CUDA_VISIBLE_DEVICES) taken by up to ``launches_per_gpu`` launches at once (or one
-        per module of the world's cases: ``lane_per_module``), fewer where ranks share a GPU
-        (``placement.launches_per_slice``). One slot (no env) on CPU."""
+    def slots(self, world_size: int, pg_backend: str = "") -> list[dict]:
+        """The launch environments of a world size for cases on ``pg_backend`` (``placement``):
+        each GPU slice (its CUDA_VISIBLE_DEVICES) taken by up to ``launches_per_gpu`` launches at
+        once (or one per module of the world's cases: ``lane_per_module``), fewer where ranks
+        share a GPU (``placement.launches_per_slice``). One slot (no env) on CPU."""
         p = place(world_size, self.gpus, self.gpu_share) if self.device == "cuda" else None
         if p is None:
             return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}] if self.gpus and \
                 self.device == "cuda" else [{}]
-        shared = launch_env(p, world_size, self.largest_world)
+        shared = launch_env(p, world_size, self.largest_world, pg_backend)
         modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
         n = launches_per_slice(p, self.launches_per_gpu, modules)
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}

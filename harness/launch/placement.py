@@ -9,7 +9,11 @@ gets runs shared: rank r on GPU r mod G, every process group of the launch gloo
 even with a GPU per rank (for testing the shared path on a multi-GPU host).
 
 A shared run is not an NCCL run: its result rows say which it was (``pg_backend``,
-``ranks_per_gpu``) and calibration and drift never pool the two.
+``ranks_per_gpu``) and calibration and drift never pool the two. So a case runs every phase on
+one backend: where one phase shares (a 4-rank train phase on 2 GPUs), its other phases (the
+2-rank reshard load) run gloo too, a GPU per rank (``case_backend``) -- on 2x H100 such a
+reshard's next step on NCCL moved by up to rel-L2 7.9e-3 from the gloo run it continues, and
+was judged by NCCL's tolerance though recorded as gloo (2026-11-27).
 
 How many launches share a GPU follows from the ranks each puts on it: every rank is a process
 with its own CUDA context, caching allocator and (async_process saves) a stager. Measured on
@@ -23,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.worker.main import NICE_VAR, RANKS_PER_GPU_VAR
+from harness.worker.main import NICE_VAR, PG_BACKEND_VAR
 
 SHARE_MODES = ("auto", "never", "always")
 MAX_RANKS_PER_GPU = 16  # ranks of all concurrent launches on one GPU (2 x 8 ran, 4 x 8 did not)
@@ -60,6 +64,15 @@ def place(world_size: int, gpus: list[str], share: str = "auto") -> Placement | 
     used = gpus[:max(1, min(len(gpus), world_size // 2))] if share == "always" else gpus
     rpg = math.ceil(world_size / len(used))
     return Placement((tuple(used),), rpg, GLOO if rpg > 1 else NCCL)
+
+
+def case_backend(case, on) -> str:
+    """The process-group backend every phase of ``case`` runs with ``on`` a host (its
+    ``device``, ``gpus`` and ``gpu_share``: a Launcher): gloo where any phase shares a GPU, else
+    nccl ("" on CPU, without GPUs, or where some phase cannot run)."""
+    if on.device != "cuda" or not on.gpus:
+        return ""
+    return describe(case.world_sizes, on.gpus, on.gpu_share)[0]
 
 
 def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0) -> int:
@@ -101,9 +114,10 @@ def cpu_priority(world_size: int, largest: int) -> int:
     return min(NICE_MAX, round(math.log(largest / world_size, NICE_STEP)))
 
 
-def launch_env(p: Placement, world_size: int, largest: int) -> dict:
-    """What a launch placed by ``p`` tells its ranks: how many share a GPU (where they do) and
-    their nice value (where launches of up to ``largest`` ranks run)."""
-    env = {RANKS_PER_GPU_VAR: str(p.ranks_per_gpu)} if p.shared else {}
+def launch_env(p: Placement, world_size: int, largest: int, pg_backend: str = "") -> dict:
+    """What a launch placed by ``p`` tells its ranks: gloo where they share a GPU or run a
+    phase of a case that shares in another (``pg_backend``), and their nice value (where
+    launches of up to ``largest`` ranks run)."""
+    env = {PG_BACKEND_VAR: GLOO} if p.shared or pg_backend == GLOO else {}
     nice = cpu_priority(world_size, largest)
     return {**env, NICE_VAR: str(nice)} if nice else env

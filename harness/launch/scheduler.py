@@ -1,9 +1,9 @@
 """Hand case phases to long-lived launches and each case its result.
 
 A case has a ``train`` task and maybe a ``reshard`` task (``task_graph.py``). One *lane* per
-(scope, world size, GPU slot) runs a launch that lives while tasks can still come for it, fed
-through the lane's :class:`~harness.launch.feed.Feed`: train tasks at once, reshard tasks once
-their train task saved its checkpoint (with it, on the same world size). A lane keeps at most
+(scope, world size, process-group backend, GPU slot) runs a launch that lives while tasks can
+come, fed through its :class:`~harness.launch.feed.Feed`: train tasks at once, reshard tasks
+once their train task saved its checkpoint (with it, on the same world size). A lane keeps at most
 ``DEPTH`` cases queued and takes cases of modules it already ran first (``affinity``: a module's
 first use costs seconds per process on GPU). ``concurrency`` bounds the *busy* lanes (one on a
 small CPU box); an idle lane waits for a dependency at no cost. Larger worlds go first.
@@ -24,6 +24,7 @@ from typing import Callable
 from harness.launch.case_result import CaseResult, assemble
 from harness.launch.feed import Feed
 from harness.launch.launcher import STOP_JOIN_S, Launcher, Task
+from harness.launch.placement import case_backend
 from harness.launch.task_graph import TaskGraph
 from harness.spec.matrix import Case
 
@@ -38,10 +39,10 @@ class Scheduler:
                  scope_of: Callable[[Case], str] = lambda c: "all",
                  concurrency: int | None = None):
         self.launcher = launcher
-        self.graph = TaskGraph(cases, ckpt_root, scope_of)
+        self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher))
         self.done = self.graph.done  # task name -> TaskResult
         self.events: queue.Queue = queue.Queue()  # what the lanes post (Feed)
-        self._lanes: dict[tuple, list[_Lane]] = {}  # (scope, world) -> running lanes
+        self._lanes: dict[tuple, list[_Lane]] = {}  # (scope, world, pg) -> running lanes
         self._error: BaseException | None = None
         # busy lanes at once; None: no limit. On a small CPU box overlapping launches only
         # fight over the cores, so the plugin passes 1 there.
@@ -142,7 +143,7 @@ class Scheduler:
                 got = self._take(lane)
                 if got:
                     lane.feed.put(got)
-            slots = self.launcher.slots(key[1])
+            slots = self.launcher.slots(key[1], key[2])
             while len(lanes) < len(slots) and self._ready(key) and self._may_run(None, key):
                 used = {ln.slot for ln in lanes}
                 slot = next(i for i in range(len(slots)) if i not in used)
@@ -199,8 +200,8 @@ def affinity(lane: "_Lane", case: Case, left: Counter, lanes) -> tuple:
 
 
 class _Lane:
-    """One (scope, world size, GPU slot): a thread running launch after launch
-    (``Launcher.run_lane``) on its feed."""
+    """One (scope, world size, process-group backend, GPU slot): a thread running launch after
+    launch (``Launcher.run_lane``) on its feed."""
 
     def __init__(self, sched: Scheduler, key: tuple, slot: int, env: dict):
         self.key, self.slot, self.env = key, slot, env
@@ -210,7 +211,7 @@ class _Lane:
         self.modules: set[str] = set()  # the modules of the cases it took (affinity)
         self.closed = False
         self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"lane-{key[0]}-w{key[1]}-s{slot}")
+                                       name=f"lane-{key[0]}-w{key[1]}{key[2]}-s{slot}")
 
     def start(self) -> None:
         self.thread.start()

@@ -6,7 +6,8 @@ train phase another case of the run has too (same ``Case.train_key``: the same c
 the target, e.g. dp2-sync-to_dp4 and dp2-sync-none) shares that case's train task instead of
 training the same model again: its result holds that task's rows, as its own train phase would
 have made them, and a note names the case. Tasks are grouped by *key*
-(scope, world size): the lanes of a key run its tasks. A task is *open* while it has no result
+(scope, world size, process-group backend of the case's phases: ``pg_of``, launch/placement.py):
+the lanes of a key run its tasks. A task is *open* while it has no result
 and no lane holds it; an open task is *ready* when it can run now.
 """
 
@@ -21,16 +22,19 @@ from harness.spec.matrix import Case
 
 
 class TaskGraph:
-    def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str]):
-        self.scope_of = scope_of
+    def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str],
+                 pg_of: Callable[[Case], str] = lambda c: ""):
+        self.scope_of, self.pg_of = scope_of, pg_of
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
         self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
         def own(c: Case) -> Task:
             return Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key)
         # the train tasks of the cases without target: the ones a resharding case may share
-        trains = {(scope_of(c), c.train_key): own(c) for c in cases if c.target is None}
+        # (on one process-group backend: on 2 GPUs a dp2 -> dp4 case is gloo throughout, the dp2
+        # case without target NCCL, so each trains its own)
+        trains = {(scope_of(c), pg_of(c), c.train_key): own(c) for c in cases if c.target is None}
         for c in cases:
-            train = trains.get((scope_of(c), c.train_key)) or own(c)
+            train = trains.get((scope_of(c), pg_of(c), c.train_key)) or own(c)
             self.tasks[c.key] = [train]
             if c.target is not None:
                 train.for_reshard = True
@@ -47,12 +51,12 @@ class TaskGraph:
         return {k: ts[0].case for k, ts in self.tasks.items() if ts[0].case.key != k}
 
     def key(self, t: Task) -> tuple:
-        return self.scope_of(t.case), t.world_size
+        return self.scope_of(t.case), t.world_size, self.pg_of(t.case)
 
     def keys(self) -> list[tuple]:
         """Every key, the larger worlds first."""
         keys = {self.key(t) for t in self.all}
-        return sorted(keys, key=lambda k: (k[0], -k[1]))
+        return sorted(keys, key=lambda k: (k[0], -k[1], k[2]))
 
     def pending(self, case_key: str) -> list[str]:
         return [t.name for t in self.tasks.get(case_key, ()) if t.name not in self.done]

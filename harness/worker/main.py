@@ -43,9 +43,10 @@ from pathlib import Path
 
 _T_MAIN = time.time()  # this module's import: the worker's Python is up (benchmark timeline)
 EXIT_PG_BROKEN = 17  # every rank exits with this when the main group cannot be trusted
-# set by the launcher where ranks share GPUs (harness/launch/placement.py): rank r runs on GPU
-# r mod G and every process group is gloo
-RANKS_PER_GPU_VAR = "HARNESS_RANKS_PER_GPU"
+# set by the launcher where a launch's process groups are gloo on GPUs (ranks sharing them, or
+# a phase of a case whose other phase shares: harness/launch/placement.py): rank r runs on GPU
+# r mod G, the only GPU it sees
+PG_BACKEND_VAR = "HARNESS_PG_BACKEND"
 # set by the launcher where launches of several world sizes share a host's cores
 # (harness/launch/placement.py cpu_priority): the rank's nice value, inherited by its stager
 NICE_VAR = "HARNESS_NICE"
@@ -104,6 +105,21 @@ def _cpu_timeout_s(group) -> float | None:
         return None
 
 
+def own_gpu(env, local_rank: int) -> int:
+    """Before CUDA starts: the rank's GPU (r mod G of the launch's) made the only one it sees,
+    so threads and processes that never call ``set_device`` -- DCP's async-save thread and its
+    stager (``torch.cuda.current_stream()`` in its CPU loader), which take the rank's
+    environment -- use that GPU, not GPU 0 (2x H100, 2026-11-27: every rank of GPU 1 made a
+    second CUDA context on GPU 0 in its async saves, and GPU 0 ran out of memory). The device
+    index to use (0, or r mod G where the launch named no GPUs)."""
+    ids = [i for i in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    if not ids:
+        import torch
+        return local_rank % torch.cuda.device_count()
+    env["CUDA_VISIBLE_DEVICES"] = ids[local_rank % len(ids)]
+    return 0
+
+
 def _init(plan: dict, timeline: dict, log_path: str):
     import torch
     import torch.distributed as dist
@@ -117,11 +133,10 @@ def _init(plan: dict, timeline: dict, log_path: str):
     # the groups form under the launch's set-up timeout (connections, not a case's collective),
     # then take the timeouts their collectives run under
     setup = timedelta(seconds=plan["setup_timeout_s"])
-    shared = int(os.environ.get(RANKS_PER_GPU_VAR, "1")) > 1  # launch/placement.py
-    if plan["device"] == "cuda" and shared:
-        # ranks share the launch's GPUs (rank r on GPU r mod G): NCCL refuses two ranks on one
-        # device, gloo runs every collective on CUDA tensors
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if plan["device"] == "cuda" and os.environ.get(PG_BACKEND_VAR) == "gloo":
+        # gloo on GPUs (launch/placement.py): NCCL refuses two ranks on one device, gloo runs
+        # every collective on CUDA tensors
+        device = torch.device("cuda", own_gpu(os.environ, local_rank))
         torch.cuda.set_device(device)
         dist.init_process_group("gloo", timeout=setup)
     elif plan["device"] == "cuda":
