@@ -9,45 +9,17 @@ current scaling: the recipes it stands for on two slices) under ``--gpu-share ne
 subprocess bounded as a user's run would be.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pandas as pd
 import pytest
 
-from harness.backends import get
-from harness.spec.matrix import expand
-from harness.spec.scenario import load_scenario
-
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 CASES = ["bf16-dp2-Linear-sync-none", "current-dp2-LayerNormMLP-async_thread-none"]
 
 
-def _skip_reason():
-    import torch
-    if torch.cuda.device_count() < 2:
-        return f"needs 2 CUDA GPUs (a GPU per rank over NCCL); {torch.cuda.device_count()} here"
-    cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
-    return get("te").skip_reason(cases[0], "cuda")
-
-
 @pytest.fixture(scope="module")
-def nccl_run(tmp_path_factory):
-    why = _skip_reason()
-    if why:
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("nccl")
-    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p", "no:cacheprovider",
-           "--scenario", "fsdp2_tp_dcp", "--backend", "te", "--gpu-share", "never",
-           "--case-timeout", "120", "-k", " or ".join(CASES), "--report-dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
-    summary = pd.read_csv(next(out.glob("runs/*/summary.csv")))
-    history = pd.read_parquet(next(out.glob("history/*.parquet")))
-    return proc, summary, history
+def nccl_run(require_te, run_te_matrix):  # tests/gpu/conftest.py
+    require_te(gpus=2)  # a GPU per rank over NCCL
+    return run_te_matrix("nccl", CASES, "--gpu-share", "never", "--case-timeout", "120",
+                         timeout_s=400)
 
 
 def test_world_2_cases_pass_on_nccl_with_their_one_rank_twin(nccl_run):

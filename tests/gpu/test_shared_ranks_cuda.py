@@ -9,17 +9,10 @@ check's element counts exactly and its other measurements and the losses closely
 bf16 and Float8CurrentScaling; a 4-rank TP case through the #2713 port is among them.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from harness.backends import get
-from harness.spec.matrix import expand
-from harness.spec.scenario import load_scenario
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,33 +25,16 @@ COUNTS = ("n_diff", "violations", "n_over")  # whole numbers: equal or not
 REL = 1e-4  # float measurements: see test_measured_values_are_the_recorded_ones
 
 
-def _skip_reason():
-    import torch
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
-    return get("te").skip_reason(cases[0], "cuda")
-
-
 def _ids(names):
     return [f"fsdp2_tp_dcp[{n}]" for n in names]
 
 
 @pytest.fixture(scope="module")
-def shared_run(tmp_path_factory):
-    why = _skip_reason()
-    if why:
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("shared")
-    select = " or ".join(CASES)
-    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p", "no:cacheprovider",
-           "--scenario", "fsdp2_tp_dcp", "--backend", "te", "--gpu-share", "always",
-           "-k", select, "--report-dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
+def shared_run(require_te, run_te_matrix):  # tests/gpu/conftest.py
+    require_te()
+    proc, summary, history = run_te_matrix("shared", CASES, "--gpu-share", "always",
+                                           timeout_s=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = pd.read_csv(next(out.glob("runs/*/summary.csv")))
-    history = pd.read_parquet(next(out.glob("history/*.parquet")))
     return summary, history
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import get
 from harness.launch.launcher import Launcher
 from harness.launch.scheduler import Scheduler
 from harness.plugin.environment import RunEnvironment
@@ -25,20 +24,9 @@ SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "te_sized_bugs
 XFAILS = Path(__file__).resolve().parents[2] / "scenarios" / "xfails.yaml"
 
 
-def _skip_reason():
-    import torch
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    te = get("te")
-    cases = expand(load_scenario(SCENARIO), "te")
-    return te.skip_reason(cases[0], "cuda")
-
-
 @pytest.fixture(scope="module")
-def sized(tmp_path_factory):
-    why = _skip_reason()
-    if why:
-        pytest.skip(why)
+def sized(tmp_path_factory, require_te):  # tests/gpu/conftest.py
+    require_te(SCENARIO)
     import torch
     # the registry as the plugin applies it: DelayedScaling loads through its workaround
     reg = registry_file.load(XFAILS, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))

@@ -1,0 +1,51 @@
+"""What the GPU tests share: skipping where TE cannot run here, and the TE matrix run as a user
+would (pytest with the plugin, in a subprocess)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"
+
+
+@pytest.fixture(scope="session")
+def require_te():
+    """``require_te(scenario, gpus)``: skip unless ``gpus`` CUDA GPUs are here and TE can run
+    the scenario's first case on them (the backend's own skip reason)."""
+    def require(scenario: Path = MATRIX, gpus: int = 1) -> None:
+        import torch
+
+        from harness.backends import get
+        from harness.spec.matrix import expand
+        from harness.spec.scenario import load_scenario
+        n = torch.cuda.device_count()
+        if n < gpus:
+            pytest.skip(f"needs {gpus} CUDA GPU(s); {n} here")
+        why = get("te").skip_reason(expand(load_scenario(scenario), "te")[0], "cuda")
+        if why:
+            pytest.skip(why)
+    return require
+
+
+@pytest.fixture(scope="session")
+def run_te_matrix(tmp_path_factory):
+    """``run_te_matrix(name, cases, *options, timeout_s)``: ``pytest --scenario fsdp2_tp_dcp
+    --backend te`` on ``cases`` (ids inside the brackets) with ``options``; (the finished
+    process, its summary.csv, its history) -- the frames None where the run wrote none."""
+    def run(name: str, cases: list[str], *options: str, timeout_s: float):
+        out = tmp_path_factory.mktemp(name)
+        cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p",
+               "no:cacheprovider", "--scenario", "fsdp2_tp_dcp", "--backend", "te", *options,
+               "-k", " or ".join(cases), "--report-dir", str(out)]
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                              env=env)
+        summary, history = (next(out.glob(g), None) for g in ("runs/*/summary.csv",
+                                                              "history/*.parquet"))
+        return (proc, summary and pd.read_csv(summary), history and pd.read_parquet(history))
+    return run
