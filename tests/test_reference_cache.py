@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from harness.backends import get
 from harness.spec.matrix import expand
@@ -70,3 +71,42 @@ def test_a_full_work_dir_says_enospc_and_names_the_directory(tmp_path, monkeypat
                             f"directory's cache of FP32 reference and one-rank twin runs)"), \
         how
     assert left in ([], ["filler"], ["filler", "ref"], ["ref"]), left  # no half-written file
+
+
+def test_rank0_computes_in_a_library_state_of_its_own(tmp_path, monkeypatch):
+    """A run rank 0 makes alone runs inside ``backend.isolated()`` (TE: its own global FP8
+    state; before, LlamaStack's FP32 reference after a DelayedScaling step reduced the case's
+    amax buffers over the world on rank 0 alone and hung); a cached one is only read."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objs, src, group: None)
+    events = []
+
+    class Backend:
+        @contextlib.contextmanager
+        def isolated(self):
+            events.append("enter")
+            try:
+                yield
+            finally:
+                events.append("exit")
+
+    ctx = SimpleNamespace(rank=0, backend=Backend(), exchange=None)
+
+    def compute():
+        events.append("compute")
+        return [1.0, 2.0], torch.ones(3)
+
+    losses, t = reference_cache.cached(tmp_path, "k", compute, ctx)
+    assert events == ["enter", "compute", "exit"] and losses == [1.0, 2.0]
+    events.clear()
+    _, again = reference_cache.cached(tmp_path, "k", compute, ctx)
+    assert events == [] and torch.equal(again, t)
+
+    def broken():
+        raise ValueError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        reference_cache.cached(tmp_path, "other", broken, ctx)
+    assert events == ["enter", "exit"]

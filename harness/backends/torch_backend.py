@@ -89,6 +89,12 @@ class TorchBackend:
     def autocast(self, case):
         return contextlib.nullcontext()
 
+    def isolated(self):
+        """Around a run one rank makes alone inside a case (the FP32 reference, the one-rank
+        twin: reference_cache.cached): the library's process-global state of its own, the
+        case's back afterwards. Plain torch keeps none."""
+        return contextlib.nullcontext()
+
     def one_update_per_step(self, case):
         """Around one step of the one-rank twin's micro-batches (distributed/single.py): a
         context with ``next_slice()`` that makes a recipe's per-step state (DelayedScaling's

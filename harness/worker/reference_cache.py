@@ -72,13 +72,17 @@ def store(value, path: Path) -> None:
 
 def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
     """The reference under key ``k``: read from ``cache_dir`` or computed by rank 0 and
-    written there (atomic); collective over the exchange group."""
+    written there (atomic); collective over the exchange group. Rank 0 computes it in the
+    library's global state of its own (``backend.isolated``): a run one rank makes alone must
+    neither meet the case's state nor join a collective of the case's group."""
     import torch.distributed as dist
     path = Path(cache_dir) / f"{k}.pt"
     err = None
     if ctx.rank == 0 and not path.is_file():  # rank 0 alone decides: one broadcast per call
         try:
-            store(compute(), path)
+            with ctx.backend.isolated():
+                value = compute()
+            store(value, path)
         except Exception as e:  # noqa: BLE001 - every rank raises it below
             err = str(e) if isinstance(e, OSError) else repr(e)
     flag = [err]

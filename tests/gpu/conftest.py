@@ -34,13 +34,15 @@ def require_te():
 
 @pytest.fixture(scope="session")
 def run_te_matrix(tmp_path_factory):
-    """``run_te_matrix(name, cases, *options, timeout_s)``: ``pytest --scenario fsdp2_tp_dcp
-    --backend te`` on ``cases`` (ids inside the brackets) with ``options``; (the finished
-    process, its summary.csv, its history) -- the frames None where the run wrote none."""
-    def run(name: str, cases: list[str], *options: str, timeout_s: float):
+    """``run_te_matrix(name, cases, *options, timeout_s, scenario)``: ``pytest --scenario
+    SCENARIO --backend te`` (default fsdp2_tp_dcp) on ``cases`` (ids inside the brackets) with
+    ``options``; (the finished process, its summary.csv, its history) -- the frames None where
+    the run wrote none."""
+    def run(name: str, cases: list[str], *options: str, timeout_s: float,
+            scenario: str = "fsdp2_tp_dcp"):
         out = tmp_path_factory.mktemp(name)
         cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p",
-               "no:cacheprovider", "--scenario", "fsdp2_tp_dcp", "--backend", "te", *options,
+               "no:cacheprovider", "--scenario", scenario, "--backend", "te", *options,
                "-k", " or ".join(cases), "--report-dir", str(out)]
         env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
