@@ -128,6 +128,34 @@ def test_a_shared_train_phase_is_one_sample():
     assert got[("reshard", "*", "*")]["n"] == 10
 
 
+def test_a_case_left_out_of_one_run_counts_in_the_others():
+    """What a case did in one run -- crashed, hung, xfailed a unit, shared a training -- leaves
+    out that run's rows only: the same case's samples from other runs (another host or
+    process-group kind) count (before, a case that hung over NCCL took its passing gloo samples
+    of another day with it)."""
+    import pandas as pd
+
+    from harness.calibration import derive
+
+    def row(run, i, pg, status="ok", check="fp32_parity", quantity="params", metric="rel_l2",
+            outcome="pass", phase="train"):
+        return dict(scenario="calibration", run_id=run, case_id=f"c{i}", phase=phase,
+                    check=check, quantity=quantity, recipe="bf16", metric=metric, value=0.01,
+                    row_outcome=outcome, module="LlamaStack", backend="te", device="cuda",
+                    mesh="dp2", pg_backend=pg, tolerance=1.0, case_status=status)
+    rows = [row("A", i, "gloo") for i in range(10)]
+    rows += [row("B", i, "nccl", status="error") for i in range(3)]  # hung / raised in B
+    rows += [row("B", i, "nccl") for i in range(3, 13)]
+    rows += [row("B", 3, "nccl", check="fp32_parity", metric="coverage", outcome="xfailed")]
+    rows += [row("C", i, "nccl") for i in range(10)]
+    rows += [row("C", 4, "nccl", check="train", quantity="shared_train_phase", metric="note",
+                 outcome="info")]
+    got = {(r["pg_backend"], r["world_size"], r["module"]): r["n"]
+           for r in derive.measured(pd.DataFrame(rows))}
+    assert got[("gloo", "2", "LlamaStack")] == 10  # B's broken c0-c2 are B's only
+    assert got[("nccl", "2", "LlamaStack")] == 9 + 9  # B: c4-c12; C: all but c4's carried rows
+
+
 def test_shipped_calibration_covers_every_calibrated_quantity():
     from harness.calibration.derive import CALIBRATED
     from harness.spec.catalog import RECIPES, TASK_LOSS

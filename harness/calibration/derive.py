@@ -60,31 +60,42 @@ def loss_of(module: str, recorded=None) -> str | None:
     return catalog.TASK_LOSS[task] if task is not None else None
 
 
+def run_cases(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(run, case) of every row: what a case did in one run says nothing of the same case in
+    another run (another host, process-group kind or day); rows without a run id (hand-made
+    frames) are one run."""
+    runs = df["run_id"].fillna("") if "run_id" in df else [""] * len(df)
+    return list(zip(runs, df["case_id"]))
+
+
 def carried(rows: pd.DataFrame, history: pd.DataFrame) -> pd.Series:
     """Which of ``rows`` a case carries from another case's train task: the train-phase rows of
-    the cases ``history`` gives a shared_train_phase note (harness/launch/task_graph.py) -- that
-    training's rows, which the case that ran it has too."""
+    the cases ``history`` gives a shared_train_phase note in that run
+    (harness/launch/task_graph.py) -- that training's rows, which the case that ran it has too."""
     notes = (history["quantity"] == catalog.SHARED_TRAIN_PHASE) & (history["metric"] == "note")
-    shared = set(history.loc[notes, "case_id"])
+    shared = set(run_cases(history[notes]))
     if not shared:  # (rows of old histories may have no phase column)
         return pd.Series(False, index=rows.index)
-    return rows["case_id"].isin(shared) & (rows["phase"] == "train")
+    return pd.Series([rc in shared for rc in run_cases(rows)], index=rows.index) \
+        & (rows["phase"] == "train")
 
 
 def measured(df: pd.DataFrame) -> list[dict]:
     df = df[df["scenario"].isin(SCENARIOS)]
+    # a case's run left out, or one of its checks, is left out in that run only: a case that
+    # hung on one host (2x H100, 2026-11-27) took every run's samples of it with it
     cov = df[df["metric"] == "coverage"]
-    bad = cov["row_outcome"].isin(["xfailed", "not_run"])
-    excluded = set(zip(cov.loc[bad, "case_id"], cov.loc[bad, "check"]))
+    bad = cov[cov["row_outcome"].isin(["xfailed", "not_run"])]
+    excluded = set(zip(run_cases(bad), bad["check"]))
     failed = df[(df["row_outcome"] == "fail") & (df["metric"] != "coverage")]
-    broken = {cid for cid, c, q in zip(failed["case_id"], failed["check"], failed["quantity"])
+    broken = {rc for rc, c, q in zip(run_cases(failed), failed["check"], failed["quantity"])
               if (c, q) not in CALIBRATED}
     if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
-        broken |= set(df.loc[df["case_status"].isin(["error", "timeout", "crash"]), "case_id"])
+        broken |= set(run_cases(df[df["case_status"].isin(["error", "timeout", "crash"])]))
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail"])]
     rows = rows[~carried(rows, df)]  # one sample per training
-    keep = [(c, q) in CALIBRATED and (cid, c) not in excluded and cid not in broken
-            for cid, c, q in zip(rows["case_id"], rows["check"], rows["quantity"])]
+    keep = [(c, q) in CALIBRATED and (rc, c) not in excluded and rc not in broken
+            for rc, c, q in zip(run_cases(rows), rows["check"], rows["quantity"])]
     rows = rows[keep]
     recorded = rows["loss"] if "loss" in rows else [None] * len(rows)
     rows = rows.assign(loss=[loss_of(m, r) for m, r in zip(rows["module"], recorded)])
