@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from harness.backends import te_init_scales
+from harness.backends import te_global_state, te_init_scales
 from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
@@ -200,8 +200,8 @@ class TEBackend(TorchBackend):
             _reset_global_state()
 
     def isolated(self):
-        """TE's global FP8 state of its own while rank 0 runs alone (:func:`isolated_state`)."""
-        return isolated_state()
+        """TE's global FP8 state of its own while rank 0 runs alone (te_global_state.py)."""
+        return te_global_state.isolated()
 
     def autocast(self, case):
         te, _, _ = _import()
@@ -245,36 +245,8 @@ def _tp_local_full(model, full: dict, mesh, mesh_spec) -> dict:
     return tp_local_full(model, full, mesh[TP].get_local_rank(), mesh_spec.tp)
 
 
-@contextlib.contextmanager
-def isolated_state():
-    """TE's global FP8 state swapped for a fresh one while rank 0 runs alone, the case's put
-    back after. Else the rank's run meets the case's DelayedScaling amax buffers: a te.ops
-    module (te.LayerNorm / RMSNorm) under ``te.autocast(enabled=False)`` outside any FP8
-    region is TE's "first FP8 module", and its backward reduces every buffered amax over the
-    buffers' group -- the world -- on rank 0 alone (2x H100, 2026-11-27: LlamaStack's FP32
-    reference after a DelayedScaling step hung over NCCL; over gloo its reference failed
-    "Connection closed by peer"; it passed only where an earlier case had cached the
-    reference); where it went through it would also move the case's amax histories."""
-    manager = _global_state_manager()
-    saved = getattr(manager, "quantization_state", None)
-    manager.reset()
-    try:
-        yield
-    finally:
-        if saved is not None:  # TE < 2.20 keeps class attributes: reset is all there is
-            manager.quantization_state = saved
-
-
-def _global_state_manager():
-    try:
-        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
-    except ImportError:  # older TE: the manager lives in fp8.py
-        from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
-    return FP8GlobalStateManager
-
-
 def _reset_global_state() -> None:
-    _global_state_manager().reset()
+    te_global_state.manager().reset()
 
 
 def materialize(model, device) -> None:

@@ -24,8 +24,8 @@ def test_isolated_gives_a_fresh_state_and_puts_the_cases_back(require_te):
     from transformer_engine.common.recipe import DelayedScaling
 
     from harness.backends import get
-    from harness.backends.te_backend import _global_state_manager
-    manager = _global_state_manager()
+    from harness.backends import te_global_state
+    manager = te_global_state.manager()
     manager.reset()
     layer = te.Linear(32, 32, params_dtype=torch.bfloat16, device="cuda")
     x = torch.randn(16, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)

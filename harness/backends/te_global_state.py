@@ -1,0 +1,40 @@
+"""TE's process-global FP8 state (``FP8GlobalStateManager``): reset per case, and a state of
+its own for a run one rank makes alone inside a case."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+
+def manager():
+    try:
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+    except ImportError:  # older TE: the manager lives in fp8.py
+        from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+    return FP8GlobalStateManager
+
+
+@contextlib.contextmanager
+def isolated(state_manager=None):
+    """TE's global FP8 state swapped for a fresh one while rank 0 runs alone (the FP32
+    reference, the one-rank twin: ``TEBackend.isolated``), the case's put back after. Else the
+    rank's run meets the case's DelayedScaling amax buffers: a te.ops module (te.LayerNorm /
+    RMSNorm) under ``te.autocast(enabled=False)`` outside any FP8 region is TE's "first FP8
+    module", and its backward reduces every buffered amax over the buffers' group -- the world
+    -- on rank 0 alone (2x H100, 2026-11-27: LlamaStack's FP32 reference after a DelayedScaling
+    step hung over NCCL; over gloo its reference failed "Connection closed by peer"; it passed
+    only where an earlier case had cached the reference); where it went through it would also
+    move the case's amax histories. ``state_manager`` (default TE's): its state is one
+    ``quantization_state`` object (TE 2.20) or -- older TE -- the class's own attributes; either
+    way ``reset`` rebinds them, so the bindings saved here are the case's state."""
+    m = state_manager if state_manager is not None else manager()
+    saved = {k: v for k, v in vars(m).items()
+             if not k.startswith("__") and not isinstance(v, (classmethod, staticmethod,
+                                                                property, types.FunctionType))}
+    m.reset()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(m, k, v)
