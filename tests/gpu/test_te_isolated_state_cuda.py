@@ -23,8 +23,7 @@ def test_isolated_gives_a_fresh_state_and_puts_the_cases_back(require_te):
     import transformer_engine.pytorch as te
     from transformer_engine.common.recipe import DelayedScaling
 
-    from harness.backends import get
-    from harness.backends import te_global_state
+    from harness.backends import get, te_global_state
     manager = te_global_state.manager()
     manager.reset()
     layer = te.Linear(32, 32, params_dtype=torch.bfloat16, device="cuda")
