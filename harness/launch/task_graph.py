@@ -24,7 +24,9 @@ from harness.spec.matrix import Case
 class TaskGraph:
     def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str],
                  pg_of: Callable[[Case], str] = lambda c: ""):
-        self.scope_of, self.pg_of = scope_of, pg_of
+        # (scope, backend) of each case, once: the scheduler asks a task's key on every look
+        # at its lanes, and a case's backend is a placement of each of its phases
+        self._group = {c.key: (scope_of(c), pg_of(c)) for c in cases}
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
         self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
         def own(c: Case) -> Task:
@@ -32,9 +34,9 @@ class TaskGraph:
         # the train tasks of the cases without target: the ones a resharding case may share
         # (on one process-group backend: on 2 GPUs a dp2 -> dp4 case is gloo throughout, the dp2
         # case without target NCCL, so each trains its own)
-        trains = {(scope_of(c), pg_of(c), c.train_key): own(c) for c in cases if c.target is None}
+        trains = {(self._group[c.key], c.train_key): own(c) for c in cases if c.target is None}
         for c in cases:
-            train = trains.get((scope_of(c), pg_of(c), c.train_key)) or own(c)
+            train = trains.get((self._group[c.key], c.train_key)) or own(c)
             self.tasks[c.key] = [train]
             if c.target is not None:
                 train.for_reshard = True
@@ -51,7 +53,8 @@ class TaskGraph:
         return {k: ts[0].case for k, ts in self.tasks.items() if ts[0].case.key != k}
 
     def key(self, t: Task) -> tuple:
-        return self.scope_of(t.case), t.world_size, self.pg_of(t.case)
+        scope, pg = self._group[t.case.key]
+        return scope, t.world_size, pg
 
     def keys(self) -> list[tuple]:
         """Every key, the larger worlds first."""
