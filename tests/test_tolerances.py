@@ -116,7 +116,7 @@ def test_a_shared_train_phase_is_one_sample():
                     quantity=quantity, recipe="bf16", metric=metric, value=value,
                     row_outcome="pass" if metric != "note" else "info", module="LayerNormMLP",
                     backend="te", device="cpu", mesh="dp2", pg_backend="gloo", tolerance=1.0,
-                    case_status="ok")
+                    case_status="ok", reshard=case.split("-")[0] if "-" in case else "none")
     rows = [row(f"none{i}", "train", "fp32_parity", "params", 0.01) for i in range(10)]
     rows += [row(f"to_dp4-{i}", "train", "fp32_parity", "params", 0.01) for i in range(10)]
     rows += [row(f"to_dp4-{i}", "reshard", "reshard", "next_params", 0.02) for i in range(10)]
@@ -125,7 +125,7 @@ def test_a_shared_train_phase_is_one_sample():
     got = {(r["check"], r["world_size"], r["module"]): r
            for r in derive.measured(pd.DataFrame(rows))}
     assert got[("fp32_parity", "*", "*")]["n"] == 15  # 5 of the 20 were the same trainings
-    assert got[("reshard", "*", "*")]["n"] == 10
+    assert got[("reshard", "2->4", "*")]["n"] == 10
 
 
 def test_a_case_left_out_of_one_run_counts_in_the_others():
@@ -156,6 +156,49 @@ def test_a_case_left_out_of_one_run_counts_in_the_others():
     assert got[("nccl", "2", "LlamaStack")] == 9 + 9  # B: c4-c12; C: all but c4's carried rows
 
 
+def test_a_reshard_is_judged_by_its_own_source_to_target_world():
+    """A reshard's next step is measured per source -> target world and never pooled over it:
+    dp2 -> hsdp2x1 sums the same two ranks' gradients as dp2 (bit-exact, 0 in every TE run),
+    dp2 -> dp4 sums four (rel-L2 up to 9.7e-3 under Float8CurrentScaling). Pooled by the source's
+    world, the 2 -> 2 reshard got 2 -> 4's tolerance -- wide enough to pass a mutant that moved
+    it by 7.8e-3 (te_mutations no_to_copy_keeps_subclass, ranks sharing a GPU). fp32_parity
+    still pools world sizes."""
+    import pandas as pd
+
+    from harness.calibration import derive
+
+    def row(i, reshard, value, check="reshard", quantity="next_params", module="LayerNormMLP"):
+        return dict(scenario="calibration", case_id=f"c{i}-{reshard}-{module}", check=check,
+                    quantity=quantity, recipe="current", metric="rel_l2", value=value,
+                    row_outcome="pass", module=module, backend="te", device="cuda", mesh="dp2",
+                    reshard=reshard, pg_backend="gloo", tolerance=1.0, case_status="ok")
+    rows = [row(i, "to_hsdp2x1", 0.0, module=m) for i in range(5) for m in ("Linear", "LayerNormLinear")]
+    rows += [row(i, "to_dp4", 0.008 + 1e-4 * i) for i in range(10)]
+    rows += [row(i, "to_dp4", 0.01, check="fp32_parity", quantity="params") for i in range(10)]
+    got = derive.measured(pd.DataFrame(rows))
+    worlds = {(r["check"], r["world_size"], r["module"]): r["n"] for r in got}
+    assert worlds[("reshard", "2->2", "*")] == 10 and worlds[("reshard", "2->4", "*")] == 10
+    assert not any(c == "reshard" and w == "*" for c, w, _ in worlds)  # an edge is never pooled
+    assert worlds[("fp32_parity", "*", "*")] == 10
+    m = {}
+    for r in got:
+        key = tuple(r[k] for k in calibration.KEY)
+        m[key] = dict(n=r["n"], p99=r["p99"], max=r["max"])
+        # each measurement has both metrics in a real file; mirror rel_l2 as max_abs here
+        m[key[:-1] + ("max_abs",)] = dict(n=r["n"], p99=r["p99"], max=r["max"])
+    same = Population("te", "cuda", "gloo", 2, "LayerNormMLP", target_world=2)
+    grow = Population("te", "cuda", "gloo", 2, "LayerNormMLP", target_world=4)
+    t = tolerances.lookup("reshard", "next_params", "current", measured=m, where=same)
+    assert t.rel_l2 == tolerances.FLOOR and "world 2->2, all modules" in t.reason
+    t = tolerances.lookup("reshard", "next_params", "current", measured=m, where=grow)
+    assert t.rel_l2 == pytest.approx(2 * 0.0089, rel=0.01) and "world 2->4" in t.reason
+    with pytest.raises(MissingTolerance):  # 8 -> 4 measured nowhere: not 2 -> 4's numbers
+        tolerances.lookup("reshard", "next_params", "current", measured=m,
+                          where=Population("te", "cuda", "gloo", 8, "LayerNormMLP", target_world=4))
+    assert tolerances.lookup("fp32_parity", "params", "current", measured=m,
+                             where=same).rel_l2 == pytest.approx(0.02)
+
+
 def test_shipped_calibration_covers_every_calibrated_quantity():
     from harness.calibration.derive import CALIBRATED
     from harness.spec.catalog import RECIPES, TASK_LOSS
@@ -163,11 +206,13 @@ def test_shipped_calibration_covers_every_calibrated_quantity():
         assert loss in set(TASK_LOSS.values())
         for backend, recipes in (("reference", RECIPES), ("torch", ("fp32", "bf16"))):
             for world in (2, 4, 8):
-                where = Population(backend, "cpu", "gloo", world, module)
                 for recipe in recipes:
                     for check, quantity in CALIBRATED:
                         if quantity == "stored_params" and recipe in ("fp32", "bf16"):
                             continue
+                        if check == "reshard":
+                            continue  # per reshard edge: the matrices' cases, test below
+                        where = Population(backend, "cpu", "gloo", world, module)
                         t = tolerances.lookup(check, quantity, recipe, loss=loss, where=where)
                         assert t.rel_l2 > 0 and "calibrated" in t.reason, (check, quantity,
                                                                            recipe, loss)

@@ -7,6 +7,14 @@ world size, and the module. Populations never pool backends, devices or process-
 (module, world size), module over all world sizes, world size over all modules, and all of them
 -- and the lookup takes the finest level with at least ``MIN_N`` samples.
 
+The reshard check's world is the reshard's: source -> target world size (``2->4``), never pooled
+over (``levels``). Its next step is bit-exact where both meshes sum the same ranks' gradients
+(dp2 <-> hsdp2x1: 0 in every TE run) and off by a float32 reduction order, amplified by a
+quantized format, where they do not (2 -> 4 ranks: rel-L2 up to 2.6e-4 bf16, 9.7e-3
+Float8CurrentScaling): pooled by the source's world alone, a 2 -> 2 reshard was judged by the
+2 -> 4 spread -- wide enough to pass a bug that moved it by 7.8e-3 (te_mutations'
+no_to_copy_keeps_subclass on ranks sharing a GPU).
+
 Only passing runs count: a calibration case whose every other check passed (round trips bit
 for bit, nothing crashed) and whose units no registered failure explains (coverage ``xfailed``
 / ``not_run``) -- a known bug, or a broken case, never widens a tolerance. Its calibrated
@@ -40,6 +48,25 @@ ANY = "*"  # a population column pooled over
 # population columns, and the levels written (the columns each keeps; the rest pooled)
 POPULATION = ("backend", "device", "pg_backend", "world_size", "module")
 LEVELS = (("module", "world_size"), ("module",), ("world_size",), ())
+EDGE_CHECKS = ("reshard",)  # checks whose world is the reshard's (source -> target)
+
+
+def levels(check: str) -> tuple[tuple[str, ...], ...]:
+    """The levels a check's measurements are written and looked up at: a reshard's world
+    (source -> target) is never pooled over, the others' are."""
+    return tuple(k for k in LEVELS if "world_size" in k) if check in EDGE_CHECKS else LEVELS
+
+
+def world(check: str, world_size: int, target: int | None) -> str:
+    """A population's world: the case mesh's size; the reshard check's: ``source->target``."""
+    return f"{world_size}->{target}" if check in EDGE_CHECKS and target else str(world_size)
+
+
+def target_world(reshard) -> int | None:
+    """The world size a row's reshard axis (``to_<mesh>`` / ``none``) loads onto."""
+    if not isinstance(reshard, str) or not reshard.startswith(catalog.RESHARD_PREFIX):
+        return None
+    return parse_mesh(reshard[len(catalog.RESHARD_PREFIX):]).world_size
 
 
 def pg_backend(device: str, recorded) -> str:
@@ -104,14 +131,17 @@ def measured(df: pd.DataFrame) -> list[dict]:
         return []
     recorded = rows["pg_backend"] if "pg_backend" in rows else [None] * len(rows)
     judged = rows["tolerance"].notna() if "tolerance" in rows else False
+    reshards = rows["reshard"] if "reshard" in rows else [None] * len(rows)
     rows = rows.assign(
         judged=judged,  # failed against a tolerance of its run (not: none existed yet)
         pg_backend=[pg_backend(d, p) for d, p in zip(rows["device"], recorded)],
-        world_size=[str(parse_mesh(m).world_size) for m in rows["mesh"]])
+        world_size=[world(c, parse_mesh(m).world_size, target_world(r)) for c, m, r
+                    in zip(rows["check"], rows["mesh"], reshards)])
     out = []
     base = ["check", "quantity", "recipe", "loss", "metric", "backend", "device", "pg_backend"]
     for kept in LEVELS:
-        for key, g in rows.groupby(base + list(kept)):
+        pooled = rows[[kept in levels(c) for c in rows["check"]]]
+        for key, g in pooled.groupby(base + list(kept)):
             values = g["value"].to_numpy(dtype=float)
             r = dict(zip(base + list(kept), key))
             r.update({c: ANY for c in POPULATION if c not in r})

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 from harness import calibration
 from harness.calibration import twin
-from harness.calibration.derive import ANY, LEVELS, MIN_N, POPULATION
+from harness.calibration.derive import ANY, MIN_N, POPULATION, levels, world
 
 # measured p99 -> tolerance. 2 (was 3 over pooled populations): with each population's own
 # p99, 2x clears the spread of the passing cases (max / p99 <= 1.01 in measured.csv) and
@@ -85,17 +85,23 @@ class Population:
     pg_backend: str  # "nccl" (a GPU per rank) or "gloo" (CPU, or ranks sharing GPUs)
     world_size: int
     module: str
+    target_world: int | None = None  # the world size a reshard loads onto (None: no reshard)
 
     @classmethod
     def of_case(cls, case, device: str, pg_backend: str) -> "Population":
         """The population ``case`` runs in on ``device`` over ``pg_backend`` (the parity checks
         ask it for the live run, the coverage report for each target it plans for)."""
+        t = case.target
         return cls(case.backend, device, pg_backend, case.mesh.world_size,
-                   case.ax.get("module", ""))
+                   case.ax.get("module", ""), t.world_size if t else None)
 
-    def key(self, kept: tuple[str, ...]) -> tuple[str, ...]:
+    def key(self, kept: tuple[str, ...], check: str = "") -> tuple[str, ...]:
+        """The measured.csv population columns of ``check`` at a level (``kept``)."""
         fixed = ("backend", "device", "pg_backend") + kept
-        return tuple(str(getattr(self, c)) if c in fixed else ANY for c in POPULATION)
+        own = dict(backend=self.backend, device=self.device, pg_backend=self.pg_backend,
+                   world_size=world(check, self.world_size, self.target_world),
+                   module=self.module)
+        return tuple(str(own[c]) if c in fixed else ANY for c in POPULATION)
 
 
 def describe(pop: tuple[str, ...]) -> str:
@@ -116,8 +122,8 @@ def _both_metrics(m: dict, key: tuple) -> tuple[dict, int]:
 def _measurement(m: dict, head: tuple, where: Population) -> tuple[tuple, dict]:
     """The finest population of ``where`` with at least MIN_N samples of both metrics."""
     tried = []
-    for kept in LEVELS:
-        pop = where.key(kept)
+    for kept in levels(head[0]):
+        pop = where.key(kept, head[0])
         rows, n = _both_metrics(m, head + pop)
         if n >= MIN_N:
             return pop, rows

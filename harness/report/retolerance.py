@@ -4,8 +4,8 @@ population has in ``harness/calibration/measured.csv`` today and passes or fails
 recalibration does to runs already made, without making them again (issue 33's before -> after).
 
 The population comes from the row (backend, device, process groups -- inferred as
-``derive.pg_backend`` does where a history predates the column -- the case mesh's world size,
-the module) and the loss it trained with (recorded; a catalog module's where a row predates the
+``derive.pg_backend`` does where a history predates the column -- the case mesh's world size
+and its reshard's target, the module) and the loss it trained with (recorded; a catalog module's where a row predates the
 column). A scenario's own ``tolerances`` overrides are not in the history: a row of such a
 scenario is judged by the calibration like any other. A row whose loss is not known (an older
 row of a scenario's own model) keeps its recorded tolerance and outcome."""
@@ -26,7 +26,8 @@ def _tolerance(r, measured, loss: str) -> float:
     """Today's tolerance of row ``r``'s metric for its population and ``loss`` (NaN: none)."""
     where = tolerances.Population(r.backend, r.device,
                                   derive.pg_backend(r.device, getattr(r, "pg_backend", None)),
-                                  parse_mesh(r.mesh).world_size, r.module)
+                                  parse_mesh(r.mesh).world_size, r.module,
+                                  derive.target_world(getattr(r, "reshard", None)))
     try:
         t = tolerances.lookup(r.check, r.quantity, r.recipe, loss=loss, where=where,
                               measured=measured)

@@ -35,7 +35,8 @@ def require_te():
 @pytest.fixture(scope="session")
 def run_te_matrix(tmp_path_factory):
     """``run_te_matrix(name, cases, *options, timeout_s, scenario)``: ``pytest --scenario
-    SCENARIO --backend te`` (default fsdp2_tp_dcp) on ``cases`` (ids inside the brackets) with
+    SCENARIO --backend te`` (default fsdp2_tp_dcp) on ``cases`` (ids inside the brackets, exact:
+    a -k substring took seed 10 with seed 1) with
     ``options``; (the finished process, its summary.csv, its history) -- the frames None where
     the run wrote none."""
     def run(name: str, cases: list[str], *options: str, timeout_s: float,
@@ -43,7 +44,8 @@ def run_te_matrix(tmp_path_factory):
         out = tmp_path_factory.mktemp(name)
         cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p",
                "no:cacheprovider", "--scenario", scenario, "--backend", "te", *options,
-               "-k", " or ".join(cases), "--report-dir", str(out)]
+               *(f"scenarios/{scenario}.yaml::{scenario}[{c}]" for c in cases),
+               "--report-dir", str(out)]
         env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                               env=env)
