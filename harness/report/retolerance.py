@@ -5,9 +5,9 @@ recalibration does to runs already made, without making them again (issue 33's b
 
 The population comes from the row (backend, device, process groups -- inferred as
 ``derive.pg_backend`` does where a history predates the column -- the case mesh's world size
-and its reshard's target, the module) and the loss it trained with (recorded; a catalog module's where a row predates the
-column). A scenario's own ``tolerances`` overrides are not in the history: a row of such a
-scenario is judged by the calibration like any other. A row whose loss is not known (an older
+and its reshard's target, the module) and the loss it trained with (recorded; a catalog
+module's where a row predates the column). A scenario's own ``tolerances`` overrides are not in
+the history: a row of such a scenario is judged by the calibration like any other. A row whose loss is not known (an older
 row of a scenario's own model) keeps its recorded tolerance and outcome."""
 
 from __future__ import annotations
