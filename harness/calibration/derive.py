@@ -35,6 +35,7 @@ import pandas as pd
 
 from harness.calibration import twin
 from harness.spec import catalog
+from harness.spec.matrix import reshard_target
 from harness.spec.mesh import parse_mesh
 
 SCENARIOS = ("calibration", twin.SCENARIO)  # the scenarios measured here
@@ -64,9 +65,8 @@ def world(check: str, world_size: int, target: int | None) -> str:
 
 def target_world(reshard) -> int | None:
     """The world size a row's reshard axis (``to_<mesh>`` / ``none``) loads onto."""
-    if not isinstance(reshard, str) or not reshard.startswith(catalog.RESHARD_PREFIX):
-        return None
-    return parse_mesh(reshard[len(catalog.RESHARD_PREFIX):]).world_size
+    t = reshard_target(reshard)
+    return t.world_size if t else None
 
 
 def pg_backend(device: str, recorded) -> str:

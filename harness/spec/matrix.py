@@ -23,6 +23,14 @@ from harness.spec.models import ModelRef
 from harness.spec.scenario import ModelDims, ScenarioError, ScenarioSpec, TrainSpec
 
 
+def reshard_target(value) -> MeshSpec | None:
+    """The mesh a reshard axis value (``to_<mesh>``) loads onto; None for ``none`` (or a history
+    row without the axis)."""
+    if not isinstance(value, str) or not value.startswith(catalog.RESHARD_PREFIX):
+        return None
+    return parse_mesh(value[len(catalog.RESHARD_PREFIX):])
+
+
 @dataclass(frozen=True)
 class Case:
     scenario: str
@@ -53,8 +61,7 @@ class Case:
 
     @property
     def target(self) -> MeshSpec | None:
-        r = self.ax["reshard"]
-        return None if r == catalog.RESHARD_NONE else parse_mesh(r[len(catalog.RESHARD_PREFIX):])
+        return reshard_target(self.ax["reshard"])
 
     @property
     def world_sizes(self) -> tuple[int, ...]:
