@@ -58,8 +58,8 @@ def test_a_benchmark_run_writes_its_figures(tmp_path):
     scen = one_case_scenario(tmp_path, "benched", "one case, benchmarked")
     out = tmp_path / "bench"
     p = subprocess.run([sys.executable, "-m", "harness", "bench", "--label", "one", "--out",
-                        str(out), "--", "-p", "harness.plugin", "--scenario", "benched",
-                        "--scenario-dir", str(scen)],
+                        str(out), "--no-cache", "--", "-p", "harness.plugin", "--scenario",
+                        "benched", "--scenario-dir", str(scen)],
                        cwd=ROOT, env=harness_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads((out / "one.json").read_text())
@@ -67,6 +67,7 @@ def test_a_benchmark_run_writes_its_figures(tmp_path):
     assert s["valid"] and "NOT A BENCHMARK FIGURE" not in p.stdout
     assert s["rank_start"] == "fresh" and "ranks fresh" in p.stdout  # CPU: a new Python each
     assert s["gpus"] == 0 and s["checked_per_minute"] > 0
+    assert s["task_seconds_known"] == "0 of 1"  # --no-cache: no earlier run's seconds
     assert 0 < s["cpu_busy_share"] <= 1  # a launch of two ranks ran on this host
     assert s["cpu_busy_timeline"] and all(0 <= v <= 1 for _, v in s["cpu_busy_timeline"])
     assert {u["unit"] for u in s["units"]} >= {"train", "save", "load", "fp32_parity"}

@@ -193,3 +193,83 @@ def test_a_lane_takes_a_module_s_async_process_saves_last():
         dcp = [c.ax["dcp"] for c in trains if c.ax["module"] == m]
         first = dcp.index("async_process")
         assert first > 0 and set(dcp[first:]) == {"async_process"}, (m, dcp)
+
+
+def _two_rank_cases():
+    return [c for c in expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
+            if set(c.world_sizes) == {2} and c.mesh.tp == 1]
+
+
+def test_a_costly_module_s_second_lane_takes_a_recipe_its_first_lane_did_not():
+    """Six lanes for five modules (the launcher's extra lane for a costly one): with the last
+    run's seconds the sixth lane takes over the module with the most seconds left per lane --
+    TransformerLayer -- under a recipe its first lane has not run (each pays first use for its
+    own recipes only); without seconds it weighs the number of tasks."""
+    cases = _two_rank_cases()
+    by_key = {c.key: c for c in cases}
+    cost = {"TransformerLayer": 1.2, "MultiheadAttention": 0.53, "LayerNormMLP": 0.6}
+    seconds = {f"{c.key}.{ph}": cost.get(c.ax["module"], 0.3) for c in cases
+               for ph in ("train", "reshard")}
+    fake = FakeLauncher(slots=6)
+    with Scheduler(fake, cases, Path("/nonexistent"), seconds=seconds) as sched:
+        results = {c.key: sched.result(c) for c in cases}
+    assert all(r.status == "ok" for r in results.values())
+    first = {env["slot"]: by_key[ran[0].rsplit(".", 1)[0]] for _, env, ran in fake.launches}
+    assert [first[str(i)].ax["module"] for i in range(6)] == [
+        "Linear", "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer",
+        "TransformerLayer"]
+    assert first["5"].recipe != first["4"].recipe
+    ran = [n for _, _, names in fake.launches for n in names]
+    assert sorted(ran) == sorted({t.name for ts in sched.graph.tasks.values() for t in ts})
+
+
+def test_a_lane_holds_two_batches_of_a_train_task_and_its_reshards():
+    """A train task and the reshard tasks after it are one batch: a lane holds two (counted by
+    cases, one such batch filled the lane and its next task came only after its train task
+    ended -- 0.14-0.3 s of idle GPU slot a time on one H100)."""
+    from harness.launch.scheduler import _Lane
+    cases = _two_rank_cases()
+    sched = Scheduler(FakeLauncher(), cases, Path("/nonexistent"))
+    lane = _Lane(sched, sched.graph.keys()[0], 0, {})
+    got = sched._take(lane)
+    trains = [t for t in got if t.phase == "train"]
+    assert len(trains) == 2 and len(got) > 2, [t.name for t in got]  # with their reshards
+    assert sched.graph.batches(lane.assigned) == 2 and sched._take(lane) == []  # full
+    first = [t for t in got if sched.graph.tasks[t.case.key][0].name == trains[0].name]
+    for i, t in enumerate(first):  # the first batch ends: its train task, then its reshards
+        assert sched._take(lane) == []  # what is left of it and the second batch: full
+        sched.done[t.name] = TaskResult(t.name, "ok", seconds=0.5 if i == 0 else 0.0)
+        lane.assigned.discard(t.name)
+    assert len([t for t in sched._take(lane) if t.phase == "train"]) == 1
+    assert sched.graph.measured_s() == {trains[0].name: 0.5}  # the next run's (timed) seconds
+
+
+def test_a_lane_takes_its_own_recipes_first_then_ones_no_lane_ran():
+    """Within its module a lane takes (async_process saves last) a recipe it ran, then one no
+    other lane ran, then one another lane runs: each process pays a recipe's first use
+    (1-4 s a TE module on one H100) for as few recipes as it can."""
+    from harness.launch.lane_choice import affinity
+    cases = _two_rank_cases()
+    pick = {(c.ax["module"], c.recipe, c.ax["dcp"]): c for c in cases
+            if c.ax["reshard"] == "none"}
+    me = {("TransformerLayer", "bf16")}
+    other = {("TransformerLayer", "delayed"), ("Linear", "bf16")}
+    left = {"TransformerLayer": 10.0, "Linear": 1.0}
+
+    def rank(module, recipe, dcp="sync"):
+        return affinity(me, pick[(module, recipe, dcp)], left, [other])
+
+    order = [("TransformerLayer", "bf16"), ("TransformerLayer", "current"),
+             ("TransformerLayer", "delayed"), ("TransformerLayer", "bf16", "async_process"),
+             ("TransformerLayer", "current", "async_process"),
+             ("MultiheadAttention", "bf16"),  # a module no lane ran
+             ("Linear", "bf16")]  # taken over from the other lane
+    keys = [rank(*k) for k in order]
+    assert keys == sorted(keys), keys
+    assert len(set(keys)) == len(keys)
+    # a new lane takes over the module with the most seconds left per lane running it (10 / 2
+    # against 1 / 1), a recipe no lane of it ran first
+    new, both = set(), [me, other]
+    assert affinity(new, pick[("TransformerLayer", "current", "sync")], left, both) < \
+        affinity(new, pick[("TransformerLayer", "bf16", "sync")], left, both) < \
+        affinity(new, pick[("Linear", "delayed", "sync")], left, both)

@@ -156,6 +156,45 @@ def test_a_lane_per_module_of_a_worlds_cases_where_more():
     assert cpu.slots(2) == [{}]
 
 
+def test_a_costly_module_gets_a_lane_more_where_the_ranks_fit_the_cores(monkeypatch):
+    """With the last run's task seconds (the plugin's pytest cache) a module k times the mean
+    module's gets round(k) - 1 lanes more -- only while every rank of the run's lanes still
+    has a core: the 2-rank TE matrix on 16 cores gets a sixth lane for TransformerLayer (12
+    ranks), the whole 2/4/8-rank matrix (42 ranks) none; no seconds, no extra lane
+    (harness/launch/lane_choice.py)."""
+    # seconds of the recorded 2-rank TE run on one H100 (reports/bench, fifteenth session)
+    per_task = {"Linear": 0.23, "LayerNormLinear": 0.36, "LayerNormMLP": 0.6,
+                "MultiheadAttention": 0.53, "TransformerLayer": 1.2}
+    from harness.launch.lane_choice import _extra
+    assert _extra({"a": 7.4, "b": 11.6, "c": 19.5, "d": 17.0, "e": 38.6}) == 1
+    assert _extra({"a": 7.4, "b": 11.6, "c": 19.5, "d": 17.0, "e": 0.0}) == 0
+    assert _extra({"a": 5.0}) == 0
+    assert _extra({"a": 1.0, "b": 1.0, "c": 13.0}) == 2  # 2.6 x the mean
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
+    two = [c for c in cases if c.world_sizes == (2,) and c.mesh.tp == 1]
+    seconds = {f"{c.key}.{ph}": per_task[c.ax["module"]] for c in cases
+               for ph in ("train", "reshard")}
+
+    def lanes(of, secs, cpu_count=16, **kw):
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpu_count)))
+        launcher = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4,
+                            lane_per_module=True, **kw)
+        launcher.expect(of, secs)
+        return [len(launcher.slots(w)) for w in sorted({w for c in of for w in c.world_sizes})]
+
+    assert lanes(two, seconds) == [6]
+    assert lanes(two, seconds, cpu_count=10) == [5]  # 12 ranks on 10 cores
+    assert lanes(two, {}) == [5]
+    assert lanes(cases, seconds) == [5, 4, 2]
+    given = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4)
+    given.expect(two, seconds)
+    assert len(given.slots(2)) == 4  # an explicit --launches-per-gpu is taken as given
+    cpu = Launcher("/nonexistent", "torch", "cpu", lane_per_module=True)
+    cpu.expect(two, seconds)
+    assert cpu.slots(2) == [{}]
+
+
 @pytest.mark.parametrize("given, per_module, n", [(None, True, 4), (3, False, 3)])
 def test_the_plugin_counts_modules_unless_launches_per_gpu_is_given(tmp_path, given,
                                                                     per_module, n):

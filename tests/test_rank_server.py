@@ -248,14 +248,17 @@ def test_a_closed_server_ends_by_itself_and_forks_nothing_more(tmp_path):
 
 def test_the_run_closes_its_server_once_its_lanes_ended():
     """Execution.shutdown: the lanes end first (every launch and agent done), then the server
-    is closed -- its exit overlaps the writing of the run's results."""
+    is closed -- its exit overlaps the writing of the run's results (the tasks' seconds for the
+    next run first)."""
     order = []
     ex = execution.Execution.__new__(execution.Execution)
-    ex.scheduler = types.SimpleNamespace(shutdown=lambda: order.append("lanes"))
+    ex.scheduler = types.SimpleNamespace(
+        shutdown=lambda: order.append("lanes"),
+        graph=types.SimpleNamespace(measured_s=lambda: order.append("seconds") or {}))
     ex.launcher = types.SimpleNamespace(
         rank_server=types.SimpleNamespace(close=lambda: order.append("server")))
     ex.shutdown()
-    assert order == ["lanes", "server"]
+    assert order == ["lanes", "server", "seconds"]
     ex.launcher.rank_server = None  # fresh ranks: nothing to close
     ex.shutdown()
-    assert order == ["lanes", "server", "lanes"]
+    assert order == ["lanes", "server", "seconds", "lanes", "seconds"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.launch import procs
 from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
+from harness.launch.lane_choice import extra_lanes
 from harness.launch.launch import SAFE_ENV, TORCHRUN, Launch, LaunchSettings
 from harness.launch.launch_dir import stager_worlds
 from harness.launch.placement import launch_env, launches_per_slice, place
@@ -43,11 +44,10 @@ class Launcher:
         self.launches_per_gpu = max(1, int(launches_per_gpu))
         self.lane_per_module = lane_per_module  # or one per module (launches_per_slice)
         self.modules: dict[int, set] = {}  # world size -> the modules of its cases (expect)
+        self.extra: dict[int, int] = {}  # world size -> lanes beyond one a module (expect)
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
-        # Multi-node: the world is split over `nnodes` torchrun agents meeting at a c10d
-        # rendezvous. With `node_launcher` (e.g. ["srun", "--nodes=2", "--ntasks-per-node=1"])
-        # one command starts an agent per node; without it the agents run on this host
-        # (simulated nodes, how CI tests this path).
+        # Multi-node: `nnodes` torchrun agents meet at a c10d rendezvous, started by one
+        # `node_launcher` command (["srun", ...]) or on this host (simulated nodes, in CI).
         self.nnodes = nnodes
         self.rdzv_endpoint = rdzv_endpoint
         self.node_launcher = list(node_launcher or [])
@@ -68,7 +68,7 @@ class Launcher:
             raise ValueError("a rank server forks the agents of one-node launches only")
         self.rank_server = rank_server
 
-    def expect(self, cases) -> None:
+    def expect(self, cases, seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
         front, also when its tasks come through the feed (1x H200: a launch's first such save
         1.9-4.2 s -> 0.2-1.1 s). Not on CPU: on 2 cores the stagers' start then competes with
@@ -78,6 +78,9 @@ class Launcher:
         self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
             self.modules.setdefault(w, set()).add(c.ax.get("module"))
+        if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
+            self.extra = extra_lanes(cases, seconds, lambda w: len(self.slots(w)),
+                                     len(os.sched_getaffinity(0)))
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""
@@ -95,7 +98,7 @@ class Launcher:
                 self.device == "cuda" else [{}]
         shared = launch_env(p, world_size, self.largest_world, pg_backend)
         modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
-        n = launches_per_slice(p, self.launches_per_gpu, modules)
+        n = launches_per_slice(p, self.launches_per_gpu, modules, self.extra.get(world_size, 0))
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
                 for _ in range(n) for sl in p.slices]
 

@@ -75,10 +75,12 @@ def case_backend(case, on) -> str:
     return describe(case.world_sizes, on.gpus, on.gpu_share)[0]
 
 
-def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0) -> int:
+def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0,
+                       extra: int = 0) -> int:
     """Concurrent launches on each slice: ``launches_per_gpu``, or one per module where the
-    world's cases use more ``modules`` (0: not counted) -- fewer where their ranks would put
-    more than ``MAX_RANKS_PER_GPU`` on a GPU.
+    world's cases use more ``modules`` (0: not counted), and ``extra`` more for costly modules
+    (``lane_choice.extra_lanes``) -- fewer where their ranks would put more than
+    ``MAX_RANKS_PER_GPU`` on a GPU.
 
     A rank process pays each module's first use once (TE's compiled functions, cuDNN's
     attention graphs, kernel loading: 1-6 s per module on one H100) and the scheduler keeps a
@@ -86,7 +88,8 @@ def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0) ->
     start at once and none is first used in a second lane. The 2-rank TE matrix's 5 modules
     on one H100, three alternating pairs in each of two calls: 5 lanes +16% / +13% checked
     cases per GPU-minute against 4, 6 lanes +7.5%; the whole matrix even (reports/bench)."""
-    return max(1, min(max(launches_per_gpu, modules), MAX_RANKS_PER_GPU // p.ranks_per_gpu))
+    wanted = max(launches_per_gpu, modules + extra if modules else 0)
+    return max(1, min(wanted, MAX_RANKS_PER_GPU // p.ranks_per_gpu))
 
 
 def describe(world_sizes, gpus: list[str], share: str) -> tuple[str, int]:

@@ -3,10 +3,13 @@
 A case has a ``train`` task and maybe a ``reshard`` task (``task_graph.py``). One *lane* per
 (scope, world size, process-group backend, GPU slot) runs a launch that lives while tasks can
 come, fed through its :class:`~harness.launch.feed.Feed`: train tasks at once, reshard tasks
-once their train task saved its checkpoint (with it, on the same world size). A lane keeps at most
-``DEPTH`` cases queued and takes cases of modules it already ran first (``affinity``: a module's
-first use costs seconds per process on GPU). ``concurrency`` bounds the *busy* lanes (one on a
-small CPU box); an idle lane waits for a dependency at no cost. Larger worlds go first.
+once their train task saved its checkpoint (with it, on the same world size). A lane keeps
+``DEPTH`` batches queued (``TaskGraph.batches``) and takes cases of the modules and recipes it
+already ran first; a lane with nothing of its own left takes over the module with the most
+seconds left per lane running it (``lane_choice.affinity``: a module's first use under a recipe
+costs seconds per process on GPU; ``seconds``: what the tasks took in the last run, where
+known). ``concurrency`` bounds the *busy* lanes (one on a small CPU box); an idle lane waits
+for a dependency at no cost. Larger worlds go first.
 
 The scheduler's state belongs to the thread that calls :meth:`Scheduler.result` (pytest's
 main thread): it puts tasks into the feeds and reads what the lanes post on its event queue;
@@ -17,12 +20,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import Counter
 from pathlib import Path
 from typing import Callable
 
 from harness.launch.case_result import CaseResult, assemble
 from harness.launch.feed import Feed
+from harness.launch.lane_choice import TaskSeconds, affinity, kind
 from harness.launch.launcher import STOP_JOIN_S, Launcher, Task
 from harness.launch.placement import case_backend
 from harness.launch.task_graph import TaskGraph
@@ -30,16 +33,17 @@ from harness.spec.matrix import Case
 
 __all__ = ["CaseResult", "Scheduler"]
 
-DEPTH = 2  # cases a lane keeps queued (one running, one ready to start at once)
+DEPTH = 2  # batches a lane keeps queued (one running, one ready to start at once)
 WAIT_S = 1.0  # the longest the scheduler sleeps between looks at its lanes
 
 
 class Scheduler:
     def __init__(self, launcher: Launcher, cases: list[Case], ckpt_root: Path,
                  scope_of: Callable[[Case], str] = lambda c: "all",
-                 concurrency: int | None = None):
+                 concurrency: int | None = None, seconds: dict[str, float] | None = None):
         self.launcher = launcher
         self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher))
+        self.seconds = TaskSeconds(seconds)  # what a lane taking over a module weighs
         self.done = self.graph.done  # task name -> TaskResult
         self.events: queue.Queue = queue.Queue()  # what the lanes post (Feed)
         self._lanes: dict[tuple, list[_Lane]] = {}  # (scope, world, pg) -> running lanes
@@ -119,16 +123,15 @@ class Scheduler:
     def _take(self, lane: "_Lane") -> list[Task]:
         if lane.closed or not self._may_run(lane, lane.key):
             return []
-        cases_queued = len({n.rsplit(".", 1)[0] for n in lane.assigned})
         ready, out = self._ready(lane.key), []
-        for _ in range(max(0, DEPTH - cases_queued)):
+        for _ in range(max(0, DEPTH - self.graph.batches(lane.assigned))):
             if not ready:
                 break
-            left = Counter(b[0].case.ax.get("module") for b in ready)
-            lanes = self._lanes.get(lane.key, ())
-            batch = min(ready, key=lambda b: affinity(lane, b[0].case, left, lanes))  # 1st best
-            ready.remove(batch)
-            lane.modules.add(batch[0].case.ax.get("module"))
+            left = self.seconds.left(ready)
+            others = [ln.ran for ln in self._lanes.get(lane.key, ()) if ln is not lane]
+            batch = min(ready, key=lambda b: affinity(lane.ran, b[0].case, left, others))
+            ready.remove(batch)  # the first best
+            lane.ran.add(kind(batch[0].case))
             out += batch
         lane.assigned.update(t.name for t in out)
         return out
@@ -186,19 +189,6 @@ class Scheduler:
         self._handle(None)  # what the lanes posted last (results of launches cut short)
 
 
-def affinity(lane: "_Lane", case: Case, left: Counter, lanes) -> tuple:
-    """Which case a lane takes next (the smallest): a module it ran (its launch paid its
-    first-use costs: TE's compiled functions, kernel and library set-up -- seconds a module
-    and process on GPU); else a module no lane of its key ran yet; else the module with the
-    most ready cases (``left``) per lane of the key (``lanes``) that ran it. async_process saves
-    last: their stagers start with the launch (10-17 s under load: the first such save waited)."""
-    module, last = case.ax.get("module"), case.ax.get("dcp") == "async_process"
-    if module in lane.modules:
-        return (0, 0.0, last)
-    warm = sum(module in ln.modules for ln in lanes if ln is not lane)
-    return (1, 0.0, last) if not warm else (2, -left[module] / warm, last)
-
-
 class _Lane:
     """One (scope, world size, process-group backend, GPU slot): a thread running launch after
     launch (``Launcher.run_lane``) on its feed."""
@@ -208,7 +198,7 @@ class _Lane:
         self.launcher = sched.launcher
         self.feed = Feed(self, sched.events, sched.graph.timeout_s(key))
         self.assigned: set[str] = set()  # handed to the lane, no result yet
-        self.modules: set[str] = set()  # the modules of the cases it took (affinity)
+        self.ran: set[tuple] = set()  # (module, recipe) of the cases it took (affinity)
         self.closed = False
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"lane-{key[0]}-w{key[1]}{key[2]}-s{slot}")

@@ -14,7 +14,7 @@ from harness.launch.launch import run_env
 from harness.launch.launcher import Launcher
 from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
-from harness.plugin import options
+from harness.plugin import options, task_seconds
 from harness.spec.matrix import Case
 
 
@@ -52,6 +52,14 @@ def rank_start_recorded(hs, launches: list[dict]) -> str:
     return mode
 
 
+def execution_meta(hs, launches: list[dict]) -> dict:
+    """The run meta's account of how it ran: its ranks' start (:func:`rank_start_recorded`)
+    and how many of its tasks had the last run's seconds to be scheduled by (task_seconds.py)."""
+    ex = hs.execution
+    return {"rank_start": rank_start_recorded(hs, launches),
+            "task_seconds_known": ex.seconds_known if ex is not None else None}
+
+
 def rank_server_for(hs) -> RankServer | None:
     """The run's rank server, started now (its imports overlap collection), where the run's
     ranks fork (:func:`rank_start`) and this process will run launches; else None."""
@@ -74,6 +82,8 @@ class Execution:
                                           dir=work_dir or options.default_work_parent()))
         self.launcher: Launcher | None = None
         self.scheduler: Scheduler | None = None
+        self.seconds: dict[str, float] = {}  # task -> its seconds in the last run (for_run)
+        self.seconds_known: str | None = None  # tasks with the last run's seconds (start)
         self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
 
     @classmethod
@@ -94,28 +104,37 @@ class Execution:
             lane_per_module=opt("launches_per_gpu") is None,
             gpu_share=opt("gpu_share"), rank_server=hs.rank_server)
         ex.launcher.on_record.append(hs.record.on_launch)
+        ex.seconds = task_seconds.load(hs.config, hs.device)
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex
 
     def start(self, cases: list[Case], *, per_scope: bool) -> None:
         """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope
         per world size (xdist workers), else one for all. On a small CPU box one launch runs at
-        a time (overlapping launches would only fight over the cores). The lanes start at once."""
+        a time (overlapping launches would only fight over the cores). It weighs the tasks by
+        the seconds they took in the last run, where known (task_seconds.py, ``for_run``). The
+        lanes start at once."""
+        seconds = self.seconds
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if self.launcher.device == "cuda"
-                                   else max(1, (os.cpu_count() or 1) // 4))
-        self.launcher.expect(cases)
+                                   else max(1, (os.cpu_count() or 1) // 4), seconds=seconds)
+        self.launcher.expect(cases, seconds)
+        tasks = [t.name for t in self.scheduler.graph.all]
+        self.seconds_known = f"{sum(n in seconds for n in tasks)} of {len(tasks)}"
         self.scheduler.begin()
 
-    def shutdown(self) -> None:
+    def shutdown(self, config=None, device: str = "") -> None:
         """The lanes end: at once if every case has its result, else they are stopped (a run
         cut short by -x, --maxfail or Ctrl-C). Bounded. Then the rank server they forked
-        from may end (it exits while the run writes its results; unconfigure reaps it)."""
+        from may end (it exits while the run writes its results; unconfigure reaps it), and the
+        tasks' seconds go to pytest's cache of ``config`` for the next run."""
         if self.scheduler is not None:
             self.scheduler.shutdown()
         if self.launcher is not None and self.launcher.rank_server is not None:
             self.launcher.rank_server.close()
+        if self.scheduler is not None:
+            task_seconds.store(config, device, self.scheduler.graph.measured_s())
 
     def cleanup(self, keep_work: bool) -> None:
         interrupt.no_stacks_on_sigusr1(self.stacks)

@@ -21,7 +21,7 @@ from harness.launch import interrupt
 from harness.launch.case_result import CaseResult
 from harness.plugin import collector, interrupted, leftovers, options
 from harness.plugin.environment import RunEnvironment
-from harness.plugin.execution import Execution, rank_start_recorded, scope_of
+from harness.plugin.execution import Execution, execution_meta, scope_of
 from harness.plugin.failure_text import FailureFormatter
 from harness.plugin.items import CaseItem, of_world_size
 from harness.plugin.registry_match import RegistryMatch
@@ -150,7 +150,7 @@ class HarnessSession:
         with interrupt.deferred():  # a second Ctrl-C must not cut the history write short
             try:
                 if self.execution is not None:  # the lanes end (bounded) and record themselves
-                    self.execution.shutdown()
+                    self.execution.shutdown(self.config, self.device)
                 if self.worker_id is None:  # xdist workers: the controller writes the report
                     self._finish(exitstatus)
                 elif hasattr(self.config, "workeroutput"):
@@ -171,8 +171,8 @@ class HarnessSession:
                 rec.collected[cid] = (outcome, info)
         if rec.collected and rec.write_reports:
             meta = results.run_meta(self.root, self.device, self.backend, self.env.describe())
-            # fork / fresh: how the ranks started (and launches that fell back to fresh ranks)
-            meta["rank_start"] = rank_start_recorded(self, rec.launch_records)
+            # fork / fresh: how the ranks started; the tasks with the last run's seconds
+            meta.update(execution_meta(self, rec.launch_records))
             meta["rank_env"] = self.env.rank_env()
             rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
         if stopped or not rec.collected:

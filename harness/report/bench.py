@@ -20,7 +20,10 @@ reads that run's history and launch records and prints:
   one value every 2 s -- whether the cores were the limit, and when (the whole TE matrix on one
   GPU: 90-100% while its 4- and 8-rank launches run, reports/bench/README.md).
 
-``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it.
+``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it. pytest runs with
+its cache, as a user's run does: the scheduler weighs the tasks by their seconds in the last run
+on this checkout where the cache has them (the JSON's ``task_seconds_known``); ``--no-cache``
+runs without.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wa
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", required=True, help="name of this measurement (file name)")
     p.add_argument("--out", default="reports/bench", help="where <label>.json goes")
+    p.add_argument("--no-cache", action="store_true",
+                   help="run pytest without its cache (-p no:cacheprovider): the scheduler then "
+                        "has no task seconds of an earlier run (harness/plugin/task_seconds.py)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER,
                    help="after --: the pytest arguments (e.g. --scenario smoke)")
 
@@ -162,7 +168,7 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
                     count=int(r["count"])) for (ph, u), r in units.iterrows()],
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
         te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"),
-        rank_start=meta.get("rank_start"))
+        rank_start=meta.get("rank_start"), task_seconds_known=meta.get("task_seconds_known"))
 
 
 def render(label: str, s: dict) -> str:
@@ -204,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
                   if a == "--report-dir"), None)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         report_dir = given or tmp  # a --report-dir in the arguments keeps the run's files
-        argv = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider"]
+        argv = [sys.executable, "-m", "pytest", *pytest_args, "-q"] + (
+            ["-p", "no:cacheprovider"] if args.no_cache else [])
         if not given:
             argv[3:3] = ["--report-dir", tmp]
         with UsageSampler() as sampler:
