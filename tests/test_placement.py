@@ -8,6 +8,7 @@ import pytest
 
 from harness.launch import placement
 from harness.launch.launcher import Launcher
+from harness.launch.task_graph import TaskGraph
 from harness.plugin.environment import RunEnvironment
 from harness.results.case_rows import case_rows
 from harness.spec.matrix import expand
@@ -180,7 +181,7 @@ def test_a_costly_module_gets_a_lane_more_where_the_ranks_fit_the_cores(monkeypa
         monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpu_count)))
         launcher = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4,
                             lane_per_module=True, **kw)
-        launcher.expect(of, secs)
+        launcher.expect(of, TaskGraph(of, Path("/nonexistent"), lambda c: "all").all, secs)
         return [len(launcher.slots(w)) for w in sorted({w for c in of for w in c.world_sizes})]
 
     assert lanes(two, seconds) == [6]
@@ -188,10 +189,11 @@ def test_a_costly_module_gets_a_lane_more_where_the_ranks_fit_the_cores(monkeypa
     assert lanes(two, {}) == [5]
     assert lanes(cases, seconds) == [5, 4, 2]
     given = Launcher("/nonexistent", "te", "cuda", gpus=["0"], launches_per_gpu=4)
-    given.expect(two, seconds)
+    tasks = TaskGraph(two, Path("/nonexistent"), lambda c: "all").all
+    given.expect(two, tasks, seconds)
     assert len(given.slots(2)) == 4  # an explicit --launches-per-gpu is taken as given
     cpu = Launcher("/nonexistent", "torch", "cpu", lane_per_module=True)
-    cpu.expect(two, seconds)
+    cpu.expect(two, tasks, seconds)
     assert cpu.slots(2) == [{}]
 
 

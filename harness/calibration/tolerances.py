@@ -99,9 +99,7 @@ class Population:
     def key(self, kept: tuple[str, ...], check: str = "") -> tuple[str, ...]:
         """The measured.csv population columns of ``check`` at a level (``kept``)."""
         fixed = ("backend", "device", "pg_backend") + kept
-        own = dict(backend=self.backend, device=self.device, pg_backend=self.pg_backend,
-                   world_size=world(check, self.world_size, self.target_world),
-                   module=self.module)
+        own = {**asdict(self), "world_size": world(check, self.world_size, self.target_world)}
         return tuple(str(own[c]) if c in fixed else ANY for c in POPULATION)
 
 

@@ -73,17 +73,16 @@ def _extra(seconds_by_module: dict[str, float]) -> int:
     return sum(max(0, round(v / mean) - 1) for v in values)
 
 
-def extra_lanes(cases: list[Case], seconds: dict[str, float], lanes_of: Callable[[int], int],
+def extra_lanes(tasks: list, seconds: dict[str, float], lanes_of: Callable[[int], int],
                 cores: int) -> dict[int, int]:
-    """World size -> lanes beyond one per module (``_extra`` of its modules' seconds), none
-    where the run's lanes (``lanes_of(world)`` each, plus these) would put more ranks on the
-    host than it has ``cores``: then the ranks compete for the cores (the whole TE matrix's 42
-    ranks on 16 cores are CPU-bound) and a lane more only adds its first use."""
+    """World size -> lanes beyond one per module (``_extra`` of the seconds of its modules'
+    ``tasks``), none where the run's lanes (``lanes_of(world)`` each, plus these) would put more
+    ranks on the host than it has ``cores``: then the ranks compete for the cores (the whole TE
+    matrix's 42 ranks on 16 cores are CPU-bound) and a lane more only adds its first use."""
     by_world: dict[int, Counter] = {}
-    for c in cases:
-        for phase, w in zip(("train", "reshard"), c.world_sizes):
-            by_world.setdefault(w, Counter())[c.ax.get("module")] += \
-                seconds.get(f"{c.key}.{phase}", 0.0)
+    for t in tasks:
+        by_world.setdefault(t.world_size, Counter())[t.case.ax.get("module")] += \
+            seconds.get(t.name, 0.0)
     extra = {w: _extra(dict(m)) for w, m in by_world.items()}
     if sum((lanes_of(w) + extra[w]) * w for w in by_world) > cores:
         return {}

@@ -68,7 +68,7 @@ class Launcher:
             raise ValueError("a rank server forks the agents of one-node launches only")
         self.rank_server = rank_server
 
-    def expect(self, cases, seconds: dict[str, float] | None = None) -> None:
+    def expect(self, cases, tasks=(), seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
         front, also when its tasks come through the feed (1x H200: a launch's first such save
         1.9-4.2 s -> 0.2-1.1 s). Not on CPU: on 2 cores the stagers' start then competes with
@@ -79,7 +79,7 @@ class Launcher:
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
             self.modules.setdefault(w, set()).add(c.ax.get("module"))
         if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
-            self.extra = extra_lanes(cases, seconds, lambda w: len(self.slots(w)),
+            self.extra = extra_lanes(tasks, seconds, lambda w: len(self.slots(w)),
                                      len(os.sched_getaffinity(0)))
 
     def stop(self) -> None:

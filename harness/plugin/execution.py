@@ -114,14 +114,13 @@ class Execution:
         a time (overlapping launches would only fight over the cores). It weighs the tasks by
         the seconds they took in the last run, where known (task_seconds.py, ``for_run``). The
         lanes start at once."""
-        seconds = self.seconds
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if self.launcher.device == "cuda"
-                                   else max(1, (os.cpu_count() or 1) // 4), seconds=seconds)
-        self.launcher.expect(cases, seconds)
-        tasks = [t.name for t in self.scheduler.graph.all]
-        self.seconds_known = f"{sum(n in seconds for n in tasks)} of {len(tasks)}"
+                                   else max(1, (os.cpu_count() or 1) // 4), seconds=self.seconds)
+        tasks = self.scheduler.graph.all
+        self.launcher.expect(cases, tasks, self.seconds)
+        self.seconds_known = f"{sum(t.name in self.seconds for t in tasks)} of {len(tasks)}"
         self.scheduler.begin()
 
     def shutdown(self, config=None, device: str = "") -> None:
