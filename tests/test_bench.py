@@ -119,9 +119,9 @@ def test_a_launch_s_wait_for_a_task_that_never_came_is_not_its_teardown(tmp_path
                     tasks_done=done)
         (tmp_path / "progress" / f"timeline{rank}.json").write_text(json.dumps(line))
     got = phases(tmp_path, 100.0, 132.0, starts=[103.0, 105.0], ends=[105.0, 110.0])
-    assert got == pytest.approx(dict(process_start=1.0, imports=0.0, process_group=1.0,
-                                     backend=0.5, first_task_wait=0.5, idle_end=21.0,
-                                     teardown=1.0))
+    assert got == pytest.approx(dict(process_start=1.0, imports=0.0, cuda_context=0.0,
+                                     process_group=1.0, backend=0.5, first_task_wait=0.5,
+                                     idle_end=21.0, teardown=1.0))
     rec = dict(started=100.0, ended=132.0, phases=got, tasks=2)
     assert task_wall([rec]) == pytest.approx(110.0 - 103.0)
     # a rank that never saw its feed close (killed): what is known counts as teardown
@@ -130,3 +130,23 @@ def test_a_launch_s_wait_for_a_task_that_never_came_is_not_its_teardown(tmp_path
     (tmp_path / "progress" / "timeline0.json").unlink()
     got = phases(tmp_path, 100.0, 132.0, starts=[103.0], ends=[110.0])
     assert got["idle_end"] == 0.0 and got["teardown"] == pytest.approx(22.0)
+
+
+def test_a_gpu_rank_s_cuda_context_is_a_phase_of_its_own(tmp_path):
+    """Ranks sharing a GPU make their CUDA contexts together in the driver, ~0.13 s each (one
+    H100: 0.12 s alone, 1.5-1.7 s for 12 at once): that wait is ``cuda_context``, not the
+    process groups' (which form in ~0.03 s), and it counts as launch overhead, not task time."""
+    from harness.launch.launch_dir import phases
+    from harness.launch.tasks import task_wall
+    (tmp_path / "progress").mkdir()
+    for rank, ctx in ((0, 101.2), (1, 102.6)):
+        line = dict(main=101.0, imports=101.0, cuda_context=ctx, process_group=ctx + 0.05,
+                    backend=ctx + 0.1, tasks_done=110.0)
+        (tmp_path / "progress" / f"timeline{rank}.json").write_text(json.dumps(line))
+    got = phases(tmp_path, 100.0, 111.0, starts=[102.7], ends=[110.0])
+    assert got["cuda_context"] == pytest.approx(1.6)
+    assert got["process_group"] == pytest.approx(0.05)
+    assert got["backend"] == pytest.approx(0.05)
+    rec = dict(started=100.0, ended=111.0, phases=got, tasks=1)
+    # the task interval starts after every start-up phase: 100 + 1 + 0 + 1.6 + 0.05 + 0.05 + wait
+    assert task_wall([rec]) == pytest.approx(110.0 - 102.7)

@@ -79,13 +79,18 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+# a launch's phases before its first task (launch_dir.phases), and after its last one
+START_PHASES = ("process_start", "imports", "cuda_context", "process_group", "backend",
+                "first_task_wait")
+END_PHASES = ("idle_end", "teardown")
+
+
 def task_wall(launches: list[dict]) -> float:
     """Seconds in which a task ran in some launch: the union of every launch's interval from
     its first task's start to its last task's end (launch records' phases); the rest of the
     wall is launch overhead, however many launches ran at once."""
-    intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in (
-                      "process_start", "imports", "process_group", "backend", "first_task_wait")),
-                  rec["ended"] - sum(rec["phases"].get(p, 0) for p in ("idle_end", "teardown")))
+    intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in START_PHASES),
+                  rec["ended"] - sum(rec["phases"].get(p, 0) for p in END_PHASES))
                  for rec in launches if rec.get("started") and rec.get("phases")
                  and rec.get("tasks")]  # a launch that ran none (early, unused) ran no task
     return _union([(a, b) for a, b in intervals if b > a])

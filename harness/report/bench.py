@@ -41,10 +41,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.calibration import derive
-from harness.launch.tasks import task_wall
+from harness.launch.tasks import END_PHASES, START_PHASES, task_wall
 
-PHASES = ("process_start", "imports", "process_group", "backend", "first_task_wait", "idle_end",
-          "teardown")
+PHASES = START_PHASES + END_PHASES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,15 +1,13 @@
 """Per-rank entry point: one process group, many cases.
 
-The launcher writes a plan (JSON: tasks, directories, timeouts) and starts
-``python -m torch.distributed.run ... -m harness.worker --plan PLAN``. The tasks are the plan's
-and those the launcher feeds while the launch lives (``worker.task_feed``). For each task this:
+The launcher writes a plan (JSON: tasks, directories, timeouts) and starts ``python -m
+torch.distributed.run ... -m harness.worker --plan PLAN``; its tasks are the plan's and those
+the launcher feeds while the launch lives (``worker.task_feed``). For each task this:
 
 1. writes ``progress/rank{R}.json`` (pid, task, start time) so the launcher's watchdog knows
    which case is running and whom to signal;
-2. runs the phase (``worker.runner``: producers and checks in dependency order), collecting
-   result rows;
-3. agrees on the outcome over a separate gloo control group (all_gather_object, bounded), so a
-   failure on any rank fails the case everywhere;
+2. runs the phase (``worker.runner``: producers and checks in dependency order) into rows;
+3. agrees on the outcome over a gloo control group (bounded): a rank's failure fails it on all;
 4. rank 0 writes ``results/{task}.json`` atomically (tmp + os.replace).
 
 If the main process group may be out of step after an error (a rank raised between
@@ -20,11 +18,11 @@ the launcher re-launches the remaining tasks. Errors inside a producer or check 
 SIGUSR1 dumps all threads' Python stacks to ``stacks/rank{R}.txt`` (faulthandler): the launcher
 sends it to a hung case's ranks before killing them.
 
-Each rank is tethered to its torchrun agent (``PR_SET_PDEATHSIG``, harness/worker/tether.py): when the
+Each rank is tethered to its torchrun agent (``PR_SET_PDEATHSIG``, worker/tether.py): when the
 agent dies -- killed by the launcher, or by the kernel because pytest died -- the rank is
-SIGKILLed too instead of computing on, reparented to init, holding its GPU memory. A rank's
-async DCP stager process (spawned, so not tethered: its creating thread is short-lived) exits
-when the pipe to its dead rank closes, and the launcher kills whatever is left by its tag.
+SIGKILLed too instead of computing on, reparented to init, holding its GPU memory. A rank's async
+DCP stager (spawned, so not tethered: its creating thread is short-lived) exits when the pipe to
+its dead rank closes, and the launcher kills whatever is left by its tag.
 """
 
 from __future__ import annotations
@@ -138,9 +136,11 @@ def _init(plan: dict, timeline: dict, log_path: str):
         # every collective on CUDA tensors
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
         torch.cuda.set_device(device)
+        timeline["cuda_context"] = time.time()
         dist.init_process_group("gloo", timeout=setup)
     elif plan["device"] == "cuda":
         torch.cuda.set_device(local_rank)
+        timeline["cuda_context"] = time.time()
         device = torch.device("cuda", local_rank)
         # async DCP needs a CPU backend beside NCCL
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
