@@ -125,7 +125,7 @@ def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
     ``teardown``, from the feed's close to the launch's end."""
     lines = list(read_json((d / "progress").glob("timeline*.json")).values())
     out = {}
-    if lines and all({"main", "imports", "process_group", "backend"} <= set(t) for t in lines):
+    if lines and all(set(RANK_STAMPS) - {"cuda_context"} <= set(t) for t in lines):
         out["process_start"] = max(t["main"] for t in lines) - start
         for t in lines:
             t.setdefault("cuda_context", t["imports"])  # a CPU rank makes none
