@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 from harness.launch import fork_agent
-from harness.launch.tasks import TaskResult
+from harness.launch.tasks import RANK_STAMPS, TaskResult
 
 LOG_TAIL = 6000
 
@@ -110,12 +110,6 @@ def read_json(paths) -> dict:
 def results(d: Path, names=None) -> dict:
     return read_json((d / "results").glob("*.json") if names is None else
                      [d / "results" / f"{n}.json" for n in names])
-
-
-# a rank's start in its timeline: Python up, imports, CUDA context (``set_device``: ranks sharing
-# a GPU make theirs together in the driver, ~0.13 s each -- 1.6 s for 12 on one H100), process
-# groups, the library under test
-RANK_STAMPS = ("main", "imports", "cuda_context", "process_group", "backend")
 
 
 def phases(d: Path, start: float, end: float, starts: list, ends: list) -> dict:
