@@ -41,6 +41,15 @@ def reference_lr_scale(case) -> float:
     return 1.01 if fault_of(case) == "perturb_reference" else 1.0
 
 
+def reduce_dtype(case, mesh_spec) -> torch.dtype | None:
+    """Sized bug ``grads_bf16_before_reduce``, distributed-only: FSDP2 reduces the gradients
+    in bf16 (cast on their way into the reduce-scatter) on a mesh of more than one rank; the
+    one-rank twin, which reduces nothing, keeps its policy's dtype."""
+    if fault_of(case) == "grads_bf16_before_reduce" and mesh_spec.world_size > 1:
+        return torch.bfloat16
+    return None
+
+
 def run_lr_scale(case) -> float:
     """Sized bug: the run under test steps with this multiple of the reference's learning
     rate (``lr_scale_1.5`` / ``lr_scale_0.67``)."""

@@ -22,10 +22,14 @@ def device_mesh(spec: MeshSpec, device_type: str, names: dict | None = None) -> 
                             mesh_dim_names=tuple(names.get(d, d) for d in dims))
 
 
-def mixed_precision(recipe: str) -> MixedPrecisionPolicy | None:
+def mixed_precision(recipe: str, reduce_dtype: torch.dtype | None = None
+                    ) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for ``recipe``: bf16 computes in bf16 and reduces in fp32; ``reduce_dtype``
+    (a sized bug's) reduces the gradients in that dtype instead."""
     if recipe == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return None
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                    reduce_dtype=reduce_dtype or torch.float32)
+    return MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else None
 
 
 def fsdp_mesh(mesh: DeviceMesh, spec: MeshSpec, names: dict | None = None) -> DeviceMesh:
@@ -56,7 +60,7 @@ def weight_group(mesh: DeviceMesh, spec: MeshSpec):
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str,
-                plan: dict | None = None) -> nn.Module:
+                plan: dict | None = None, reduce_dtype: torch.dtype | None = None) -> nn.Module:
     """TP with ``plan`` (default ``model.tp_plan()``), then ``shard``. Tied parameters stay
     tied: ``parallelize_module`` distributes each module's parameters on its own, so an alias
     of a tied parameter would become a second DTensor; it is re-tied to the first."""
@@ -64,7 +68,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str,
         ties = tied_groups(model)
         parallelize_module(model, mesh[TP], plan if plan is not None else model.tp_plan())
         retie(model, ties)
-    return shard(model, mesh, spec, recipe)
+    return shard(model, mesh, spec, recipe, reduce_dtype=reduce_dtype)
 
 
 def tied_groups(model: nn.Module) -> list[tuple[str, ...]]:
@@ -86,10 +90,10 @@ def retie(model: nn.Module, groups: list[tuple[str, ...]]) -> None:
 
 
 def shard(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str, units=None,
-          names: dict | None = None) -> nn.Module:
+          names: dict | None = None, reduce_dtype: torch.dtype | None = None) -> nn.Module:
     """fully_shard each FSDP unit, then the root (HSDP on a 2-D replicate x shard mesh)."""
     kwargs = dict(mesh=fsdp_mesh(mesh, spec, names))
-    mp = mixed_precision(recipe)
+    mp = mixed_precision(recipe, reduce_dtype)
     if mp is not None:
         kwargs["mp_policy"] = mp
     if units is None:

@@ -150,6 +150,8 @@ FAULTS = {
     "without master weights does to DelayedScaling FP8 weights)",
     "grads_bf16": "the reduced gradients are rounded to bf16 after each backward (a gradient "
     "reduction in a lower precision than the policy's: distributed-only)",
+    "grads_bf16_before_reduce": "the gradients are cast to bf16 on their way into FSDP2's "
+    "reduce-scatter (a reduce_dtype of bf16 in a collective wrapper: distributed-only)",
     "diverge_replica": "after training, the last rank's copy of a replicated parameter differs",
     "export_nan": "the safetensors export writes NaN into one exported tensor",
     "export_wrong": "the safetensors export writes 1.01x the values of one exported tensor",
