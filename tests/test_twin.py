@@ -50,11 +50,23 @@ def test_tensor_parallel_runs_only_where_the_twin_shares_its_numerics(recipe, ca
         assert "tensor parallelism" in why and "rel-L2" in why, why
 
 
-@pytest.mark.parametrize("recipe, words", [("delayed", "autocast exit"), ("block", "one-rank"),
-                                           ("mxfp8", "one-rank"), ("nvfp4", "one-rank")])
+@pytest.mark.parametrize("recipe, words", [("block", "one-rank"), ("mxfp8", "one-rank"),
+                                           ("nvfp4", "one-rank")])
 def test_te_says_why_no_twin_stands(recipe, words):
     why = twin.not_applicable(case("dp2", recipe), "te", "cuda")
     assert why and words in why, why
+
+
+def test_te_delayed_scaling_has_a_whole_batch_twin():
+    """TE DelayedScaling reduces its amaxes over the world: its twin runs the whole global batch
+    in one forward (per-slice micro-batches would advance TE's histories once per slice)."""
+    from harness.backends.te_backend import TEBackend
+    from harness.backends.torch_backend import TorchBackend
+    c = case("dp2", "delayed")
+    assert twin.calibrated(c, "te", "cuda")
+    assert TEBackend().twin_whole_batch(c) and not TEBackend().twin_whole_batch(case("dp2",
+                                                                                    "current"))
+    assert not TorchBackend().twin_whole_batch(c)
 
 
 def test_one_slice_has_no_twin():
@@ -81,11 +93,11 @@ def test_coverage_skips_bitwise_and_twinless_cases():
     from harness.calibration import coverage
     c = SimpleNamespace(mesh=parse_mesh("dp2"), recipe="current", target=None,
                         checks=("sharding_invariance",))
-    assert coverage._quantities(c, "reference", "cpu") == []
-    assert coverage._quantities(c, "te", "cuda") == [
+    assert coverage.quantities(c, "reference", "cpu") == []
+    assert coverage.quantities(c, "te", "cuda") == [
         ("sharding_invariance", q) for q in sorted(twin.QUANTITIES)]
     c.mesh = parse_mesh("dp2xtp2")
-    assert coverage._quantities(c, "reference", "cpu") == []
+    assert coverage.quantities(c, "reference", "cpu") == []
 
 
 @pytest.mark.parametrize("check, scenario", [("fp32_parity", "calibration.yaml"),

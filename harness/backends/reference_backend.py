@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from harness.backends.torch_backend import TorchBackend
+from harness.distributed import faults
 from harness.spec import catalog
 from harness.spec.mesh import TP as TP_DIM
 
@@ -52,14 +53,15 @@ class ReferenceBackend(TorchBackend):
         env = ref.Env(case.recipe, tp, weight_group=parallel.weight_group(mesh, mesh_spec),
                       world_group=world)
         model = ref.build_meta(case.ax["module"], case.model, env)
-        parallel.shard(model, mesh, mesh_spec, case.recipe)
+        parallel.shard(model, mesh, mesh_spec, case.recipe,
+                       reduce_dtype=faults.reduce_dtype(case, mesh_spec))
         return ref.materialize(model, canonical, device)
 
     def optimizer(self, model, case):
         from harness.reference.optim import MasterAdam
         return MasterAdam(model.parameters(), lr=self.lr(case))
 
-    def autocast(self, case):
+    def autocast(self, case, group=None):
         from harness.reference.linear import autocast
         return autocast(True)
 

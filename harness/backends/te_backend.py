@@ -36,6 +36,7 @@ from harness.backends import te_global_state, te_init_scales
 from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
+from harness.distributed import faults
 from harness.spec import catalog
 
 RECIPE_CLASS = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
@@ -150,7 +151,8 @@ class TEBackend(TorchBackend):
         else:
             units = list(model.children()) if case.ax["module"] == "TransformerLayer" else []
         parallel.shard(model, mesh, mesh_spec, case.recipe, units=units,
-                       names=self.mesh_names(case))
+                       names=self.mesh_names(case),
+                       reduce_dtype=faults.reduce_dtype(case, mesh_spec))
         for m in model.modules():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
@@ -203,11 +205,19 @@ class TEBackend(TorchBackend):
         """TE's global FP8 state of its own while rank 0 runs alone (te_global_state.py)."""
         return te_global_state.isolated()
 
-    def autocast(self, case):
+    def autocast(self, case, group=None):
         te, _, _ = _import()
         if not self.quantized(case):
             return contextlib.nullcontext()
-        return te.autocast(enabled=True, recipe=self.recipe(case))
+        extra = {} if group is None else {"amax_reduction_group": group}
+        return te.autocast(enabled=True, recipe=self.recipe(case), **extra)
+
+    def twin_whole_batch(self, case) -> bool:
+        """DelayedScaling: the sharded run's amaxes are reduced over the world at each step's
+        end, so its scales are those of one forward over the whole global batch; micro-batches
+        would advance TE's amax histories once per slice (TE updates them at every autocast
+        exit)."""
+        return case.recipe == "delayed"
 
     def checks(self, case) -> dict:
         from harness.checks import te_checks

@@ -7,6 +7,7 @@ import contextlib
 
 import torch
 
+from harness.distributed import faults
 from harness.spec import catalog
 
 
@@ -37,7 +38,8 @@ class TorchBackend:
         if ctx is not None and mesh_spec.tp > 1:
             from harness.spec import models
             plan = models.tp_plan(case.model_ref, model, ctx)
-        return parallel.parallelize(model, mesh, mesh_spec, case.recipe, plan)
+        return parallel.parallelize(model, mesh, mesh_spec, case.recipe, plan,
+                                    reduce_dtype=faults.reduce_dtype(case, mesh_spec))
 
     def reference_model(self, case, seed: int, device):
         """The module the single-process FP32 reference trains (the plain-torch module)."""
@@ -56,7 +58,6 @@ class TorchBackend:
 
     def lr(self, case) -> float:
         """The learning rate of the run under test (a sized-bug fault may scale it)."""
-        from harness.distributed import faults
         return case.train.lr * faults.run_lr_scale(case)
 
     def optimizer(self, model, case):
@@ -86,8 +87,16 @@ class TorchBackend:
         """Around everything a case does in a worker (e.g. the te backend's mutants)."""
         return contextlib.nullcontext()
 
-    def autocast(self, case):
+    def autocast(self, case, group=None):
+        """Around a forward; ``group``: the process group a recipe's amaxes are reduced over
+        (None: the library's default)."""
         return contextlib.nullcontext()
+
+    def twin_whole_batch(self, case) -> bool:
+        """The one-rank twin runs the whole global batch in one forward (not one micro-batch
+        per data-parallel slice): where the recipe's scales come from the amax over the whole
+        group, as the sharded run reduces them (distributed/single.py)."""
+        return False
 
     def isolated(self):
         """Around a run one rank makes alone inside a case (the FP32 reference, the one-rank

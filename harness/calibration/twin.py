@@ -41,10 +41,6 @@ def not_applicable(case, backend: str, device: str) -> str | None:
     if case.mesh.tp > 1 and case.recipe in TP_NOT_A_TWIN:
         return (f"{case.recipe} under tensor parallelism: {TP_NOT_A_TWIN[case.recipe]}, "
                 f"measured on CPU -- not reduction order, so no tolerance for it would be one")
-    if backend == "te" and case.recipe == "delayed":
-        return ("TE DelayedScaling advances its amax histories at every autocast exit, so a "
-                "twin running the slices one after another updates them once per slice, not "
-                "once per step as the sharded run's reduced amaxes do")
     if backend == "te" and case.recipe in BLOCK_FORMATS:
         return (f"TE {case.recipe} tensors cannot train on a one-rank FSDP2 mesh (FSDP2 hands "
                 f"fsdp_post_all_gather one all-gather output there; the registered hsdp*x1 "

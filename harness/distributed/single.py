@@ -71,6 +71,13 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     # one rank per data-parallel slice (TP ranks of a slice share its batch)
     slices = {spec.dp_index(r): r for r in reversed(range(spec.world_size))}
     mesh = singleton_mesh(device_type, backend.mesh_names(case))
+    # a recipe whose scales come from the amax over the whole data-parallel group: one
+    # forward over the whole global batch, its loss scaled so that every gradient the backward
+    # makes has the size a rank's has (the sum of the slices' mean losses)
+    whole = backend.twin_whole_batch(case)
+    runs = [(None, 0)] if whole else [(spec, rank) for _, rank in sorted(slices.items())]
+    scale = float(len(slices)) if whole else 1.0
+    autocast = dict(group=mesh.get_group()) if whole else {}  # its amaxes: this rank's alone
     model = backend.build(case, mesh, SPEC, case.train.seed, device)
     optim = backend.optimizer(model, case)
     names = backend.canonical_names(model)
@@ -78,15 +85,15 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     for step in range(case.train.steps):
         total = torch.zeros((), dtype=torch.float32)  # as the sharded run's all_reduce sums
         with backend.one_update_per_step(case) as held:  # amax histories: once per step
-            for _, rank in sorted(slices.items()):
+            for run_spec, rank in runs:
                 held.next_slice()
-                x, y = data.local_batch(case.task, case.model, case.train.seed, step, spec,
+                x, y = data.local_batch(case.task, case.model, case.train.seed, step, run_spec,
                                         rank, device)
-                with backend.autocast(case):
+                with backend.autocast(case, **autocast):
                     out = model(x)
                 loss = data.TASKS[case.task].loss(out, y)
-                loss.backward()
-                total += loss.detach().to("cpu", torch.float32)
+                (loss * scale if whole else loss).backward()
+                total += loss.detach().to("cpu", torch.float32) * scale
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(len(slices))
