@@ -11,8 +11,8 @@ from harness.checks.compare import compare
 
 from harness.calibration.tolerances import Population
 
-WHERE = Population("torch", "cpu", "gloo", 2, "LayerNormMLP")
-POP = ("torch", "cpu", "gloo", "*", "LayerNormMLP")  # the module over all world sizes
+WHERE = Population("torch", "cpu", "gloo", 2, "LayerNormMLP", config="C")
+POP = ("torch", "cpu", "gloo", "C", "*", "LayerNormMLP")  # the module over all world sizes
 
 
 def _m(check, quantity, recipe, pop, metric, n, p99, mx, loss="mse"):
@@ -33,7 +33,7 @@ def test_lookup_is_factor_times_measured_p99_with_a_floor():
     assert f == 2.0  # issue 33: well under the 3x of pooled populations
     assert t.max_abs == pytest.approx(f * 0.02) and t.rel_l2 == pytest.approx(f * 0.1)
     assert "calibrated: 2x the p99" in t.reason and "over 10 passing cases" in t.reason
-    assert "torch/cpu/gloo, all world sizes, LayerNormMLP" in t.reason
+    assert "torch/cpu/gloo at C, all world sizes, LayerNormMLP" in t.reason
     loss = tolerances.lookup("fp32_parity", "loss", "x", measured=MEASURED, where=WHERE)
     assert loss.max_abs == tolerances.FLOOR and loss.rel_l2 == tolerances.FLOOR
 
@@ -50,20 +50,21 @@ def test_the_finest_population_with_enough_samples_is_taken():
     """(module, world) with n < MIN_N falls through to the module over all world sizes; a
     population of another backend, device or process-group kind is never used."""
     m = {**MEASURED,
-         **_m("fp32_parity", "params", "x", ("torch", "cpu", "gloo", "2", "LayerNormMLP"),
+         **_m("fp32_parity", "params", "x", ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP"),
               "max_abs", 5, 1.0, 1.0),
-         **_m("fp32_parity", "params", "x", ("torch", "cpu", "gloo", "2", "LayerNormMLP"),
+         **_m("fp32_parity", "params", "x", ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP"),
               "rel_l2", 5, 1.0, 1.0)}
     assert tolerances.lookup("fp32_parity", "params", "x", measured=m,
                              where=WHERE).rel_l2 == pytest.approx(0.2)
-    exact = ("torch", "cpu", "gloo", "2", "LayerNormMLP")  # (module, world 2) with n = 10
+    exact = ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP")  # (module, world 2) with n = 10
     m2 = {**_m("fp32_parity", "params", "x", exact, "max_abs", 10, 0.01, 0.01),
           **_m("fp32_parity", "params", "x", exact, "rel_l2", 10, 0.05, 0.05)}
     assert tolerances.lookup("fp32_parity", "params", "x", measured={**m, **m2},
                              where=WHERE).rel_l2 == pytest.approx(0.1)
-    for other in (Population("torch", "cuda", "gloo", 2, "LayerNormMLP"),
-                  Population("torch", "cpu", "nccl", 2, "LayerNormMLP"),
-                  Population("te", "cpu", "gloo", 2, "LayerNormMLP")):
+    for other in (Population("torch", "cuda", "gloo", 2, "LayerNormMLP", config="C"),
+                  Population("torch", "cpu", "nccl", 2, "LayerNormMLP", config="C"),
+                  Population("te", "cpu", "gloo", 2, "LayerNormMLP", config="C"),
+                  Population("torch", "cpu", "gloo", 2, "LayerNormMLP", config="other")):
         with pytest.raises(MissingTolerance, match=r"n=0.*python -m harness calibrate"):
             tolerances.lookup("fp32_parity", "params", "x", measured=m, where=other)
     small = {k: dict(v, n=9) for k, v in MEASURED.items()}
@@ -83,7 +84,7 @@ def test_calibration_takes_passing_runs_of_their_own_population_only():
 
     def row(i, value, outcome="pass", device="cpu", pg=None, mesh="dp2", check="fp32_parity",
             quantity="params", metric="rel_l2", tol=1.0):
-        return dict(scenario="calibration", case_id=f"c{i}-{device}-{pg}", check=check,
+        return dict(scenario="calibration", config="C", case_id=f"c{i}-{device}-{pg}", check=check,
                     quantity=quantity, recipe="bf16", metric=metric, value=value,
                     row_outcome=outcome, module="LayerNormMLP", backend="te", device=device,
                     mesh=mesh, pg_backend=pg, tolerance=tol, case_status="ok")
@@ -112,7 +113,7 @@ def test_a_shared_train_phase_is_one_sample():
     from harness.calibration import derive
 
     def row(case, phase, check, quantity, value, metric="rel_l2"):
-        return dict(scenario="calibration", case_id=case, phase=phase, check=check,
+        return dict(scenario="calibration", config="C", case_id=case, phase=phase, check=check,
                     quantity=quantity, recipe="bf16", metric=metric, value=value,
                     row_outcome="pass" if metric != "note" else "info", module="LayerNormMLP",
                     backend="te", device="cpu", mesh="dp2", pg_backend="gloo", tolerance=1.0,
@@ -139,7 +140,7 @@ def test_a_case_left_out_of_one_run_counts_in_the_others():
 
     def row(run, i, pg, status="ok", check="fp32_parity", quantity="params", metric="rel_l2",
             outcome="pass", phase="train"):
-        return dict(scenario="calibration", run_id=run, case_id=f"c{i}", phase=phase,
+        return dict(scenario="calibration", config="C", run_id=run, case_id=f"c{i}", phase=phase,
                     check=check, quantity=quantity, recipe="bf16", metric=metric, value=0.01,
                     row_outcome=outcome, module="LlamaStack", backend="te", device="cuda",
                     mesh="dp2", pg_backend=pg, tolerance=1.0, case_status=status)
@@ -168,7 +169,7 @@ def test_a_reshard_is_judged_by_its_own_source_to_target_world():
     from harness.calibration import derive
 
     def row(i, reshard, value, check="reshard", quantity="next_params", module="LayerNormMLP"):
-        return dict(scenario="calibration", case_id=f"c{i}-{reshard}-{module}", check=check,
+        return dict(scenario="calibration", config="C", case_id=f"c{i}-{reshard}-{module}", check=check,
                     quantity=quantity, recipe="current", metric="rel_l2", value=value,
                     row_outcome="pass", module=module, backend="te", device="cuda", mesh="dp2",
                     reshard=reshard, pg_backend="gloo", tolerance=1.0, case_status="ok")
@@ -186,36 +187,46 @@ def test_a_reshard_is_judged_by_its_own_source_to_target_world():
         m[key] = dict(n=r["n"], p99=r["p99"], max=r["max"])
         # each measurement has both metrics in a real file; mirror rel_l2 as max_abs here
         m[key[:-1] + ("max_abs",)] = dict(n=r["n"], p99=r["p99"], max=r["max"])
-    same = Population("te", "cuda", "gloo", 2, "LayerNormMLP", target_world=2)
-    grow = Population("te", "cuda", "gloo", 2, "LayerNormMLP", target_world=4)
+    same = Population("te", "cuda", "gloo", 2, "LayerNormMLP", target_world=2, config="C")
+    grow = Population("te", "cuda", "gloo", 2, "LayerNormMLP", target_world=4, config="C")
     t = tolerances.lookup("reshard", "next_params", "current", measured=m, where=same)
     assert t.rel_l2 == tolerances.FLOOR and "world 2->2, all modules" in t.reason
     t = tolerances.lookup("reshard", "next_params", "current", measured=m, where=grow)
     assert t.rel_l2 == pytest.approx(2 * 0.0089, rel=0.01) and "world 2->4" in t.reason
     with pytest.raises(MissingTolerance):  # 8 -> 4 measured nowhere: not 2 -> 4's numbers
         tolerances.lookup("reshard", "next_params", "current", measured=m,
-                          where=Population("te", "cuda", "gloo", 8, "LayerNormMLP", target_world=4))
+                          where=Population("te", "cuda", "gloo", 8, "LayerNormMLP", target_world=4,
+                                           config="C"))
     assert tolerances.lookup("fp32_parity", "params", "current", measured=m,
                              where=same).rel_l2 == pytest.approx(0.02)
 
 
 def test_shipped_calibration_covers_every_calibrated_quantity():
+    """At the calibration scenario's own configuration of each CPU backend, recipe and loss
+    (Case.numerics), every calibrated quantity of worlds 2 and 4 has a population."""
+    from pathlib import Path
+
     from harness.calibration.derive import CALIBRATED
-    from harness.spec.catalog import RECIPES, TASK_LOSS
-    for loss, module in (("mse", "LayerNormMLP"), ("cross_entropy", "LlamaStack")):
-        assert loss in set(TASK_LOSS.values())
-        for backend, recipes in (("reference", RECIPES), ("torch", ("fp32", "bf16"))):
-            for world in (2, 4, 8):
-                for recipe in recipes:
-                    for check, quantity in CALIBRATED:
-                        if quantity == "stored_params" and recipe in ("fp32", "bf16"):
-                            continue
-                        if check == "reshard":
-                            continue  # per reshard edge: the matrices' cases, test below
-                        where = Population(backend, "cpu", "gloo", world, module)
-                        t = tolerances.lookup(check, quantity, recipe, loss=loss, where=where)
-                        assert t.rel_l2 > 0 and "calibrated" in t.reason, (check, quantity,
-                                                                           recipe, loss)
+    from harness.spec.matrix import expand
+    from harness.spec.scenario import load_scenario
+    spec = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "calibration.yaml")
+    for backend in ("reference", "torch"):
+        configs = {(c.recipe, c.ax["module"]): c.numerics for c in expand(spec, backend)}
+        for (recipe, module), config in configs.items():
+            if module not in ("LayerNormMLP", "LlamaStack"):
+                continue
+            loss = "cross_entropy" if module == "LlamaStack" else "mse"
+            for world in (2, 4):
+                for check, quantity in CALIBRATED:
+                    if quantity == "stored_params" and recipe in ("fp32", "bf16"):
+                        continue
+                    if check in ("reshard", "sharding_invariance"):
+                        continue  # per reshard edge / twin: the matrices' cases, test below
+                    where = Population(backend, "cpu", "gloo", world, module, config=config)
+                    t = tolerances.lookup(check, quantity, recipe, loss=loss, where=where)
+                    assert t.rel_l2 > 0 and "calibrated" in t.reason, (check, quantity,
+                                                                       recipe, loss)
+                    assert config in t.source and t.source.startswith("calibrated ")
 
 
 def test_bitwise_quantities():
@@ -226,7 +237,8 @@ def test_bitwise_quantities():
 def test_override_applies_but_never_to_bitwise():
     o = {"fp32_parity": {"fp32": {"max_abs": 1, "rel_l2": 2, "reason": "why"}},
          "dcp_roundtrip": {"fp32": {"max_abs": 1, "rel_l2": 1, "reason": "nope"}}}
-    assert tolerances.lookup("fp32_parity", "loss", "fp32", o) == Tolerance(1.0, 2.0, "why")
+    assert tolerances.lookup("fp32_parity", "loss", "fp32", o) == Tolerance(1.0, 2.0, "why",
+                                                                          source="scenario")
     assert tolerances.lookup("dcp_roundtrip", "state", "fp32", o) is BITWISE
 
 
@@ -239,7 +251,7 @@ def test_tolerances_are_calibrated_per_loss():
     from harness.spec import catalog
 
     def row(i, module, value, metric):
-        return dict(scenario="calibration", case_id=f"c-{module}-{i}", check="fp32_parity",
+        return dict(scenario="calibration", config="C", case_id=f"c-{module}-{i}", check="fp32_parity",
                     quantity="loss", recipe="bf16", metric=metric, value=value, mesh="dp2",
                     row_outcome="pass", module=module, backend="torch", device="cpu")
     df = pd.DataFrame([row(i, m, v, k) for m, v in (("LayerNormMLP", 1e-3), ("LlamaStack", 5e-2))
@@ -251,7 +263,7 @@ def test_tolerances_are_calibrated_per_loss():
                    ("cross_entropy", "max_abs"): 5e-2, ("cross_entropy", "rel_l2"): 5e-2}
     measured = {tuple(str(r[k]) for k in calibration.KEY): dict(n=r["n"], p99=r["p99"],
                                                                  max=r["max"]) for r in rows}
-    where = Population("torch", "cpu", "gloo", 2, "Other")
+    where = Population("torch", "cpu", "gloo", 2, "Other", config="C")
     mse = tolerances.lookup("fp32_parity", "loss", "bf16", measured=measured, where=where)
     ce = tolerances.lookup("fp32_parity", "loss", "bf16", measured=measured, where=where,
                            loss="cross_entropy")

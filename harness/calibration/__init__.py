@@ -15,8 +15,8 @@ import csv
 from pathlib import Path
 
 MEASURED = Path(__file__).resolve().parent / "measured.csv"
-KEY = ["check", "quantity", "recipe", "loss", "backend", "device", "pg_backend", "world_size",
-       "module", "metric"]
+KEY = ["check", "quantity", "recipe", "loss", "backend", "device", "pg_backend", "config",
+       "world_size", "module", "metric"]
 COLUMNS = KEY + ["n", "p99", "max", "beyond_previous"]  # see derive.py
 
 

@@ -53,7 +53,7 @@ def _frames(dirs: list[Path]) -> pd.DataFrame:
             except Exception as e:  # noqa: BLE001 - a broken file is skipped with a reason
                 print(f"skipped {f}: {e}", file=sys.stderr)
                 continue
-            if "scenario" in df and df["scenario"].isin(derive.SCENARIOS).any():
+            if "scenario" in df and any(map(derive.is_calibration, df["scenario"])):
                 frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

@@ -1,6 +1,6 @@
-"""Which cases of the shipped scenarios have no calibrated population (``python -m harness
-calibrate`` prints them): a case there gets a NaN tolerance that fails, naming what to
-calibrate. Lists, per (backend, device, process groups, recipe, check / quantity), how many
+"""Which cases of the shipped scenarios have no calibrated population at their configuration
+(``python -m harness calibrate`` prints them): a run calibrates those on demand
+(``on_demand.py``), which costs it time; a calibration run on that hardware closes the gap. Lists, per (backend, device, process groups, recipe, check / quantity), how many
 cases -- the gaps a calibration run on that hardware would close. Counted over the expanded
 scenarios: a case that would skip on a given GPU (its recipe needs another capability) counts
 too."""
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harness.calibration import tolerances, twin
-from harness.calibration.derive import CALIBRATED, SCENARIOS
+from harness.calibration import tolerances
+from harness.calibration.derive import SCENARIOS
+from harness.calibration.on_demand import quantities
 from harness.spec import catalog
 from harness.spec.matrix import expand
 from harness.spec.base import ScenarioError
@@ -21,19 +22,6 @@ from harness.spec.scenario import load_scenario
 TARGETS = (("torch", "cpu", "gloo"), ("reference", "cpu", "gloo"), ("te", "cuda", "gloo"),
            ("te", "cuda", "nccl"))
 NOT_A_MATRIX = (*SCENARIOS, "xfails")  # the calibration itself; the registry
-
-
-def _quantities(case, backend: str, device: str) -> list[tuple[str, str]]:
-    out = []
-    for check, quantity in sorted(CALIBRATED):
-        if check not in case.checks or (check == "reshard" and case.target is None):
-            continue
-        if check == twin.CHECK and not twin.calibrated(case, backend, device):
-            continue  # bitwise, or no twin stands for it
-        if quantity == "stored_params" and case.recipe in ("fp32", "bf16"):
-            continue  # only quantized recipes store quantized weights
-        out.append((check, quantity))
-    return out
 
 
 def uncovered(scenario_dir: Path, measured: dict | None = None,
@@ -52,7 +40,7 @@ def uncovered(scenario_dir: Path, measured: dict | None = None,
             for case in cases:
                 loss = catalog.TASK_LOSS[case.task]
                 where = tolerances.Population.of_case(case, device, pg)
-                for check, quantity in _quantities(case, backend, device):
+                for check, quantity in quantities(case, backend, device):
                     try:
                         tolerances.lookup(check, quantity, case.recipe, case.tolerances,
                                           case.train, measured=measured, loss=loss, where=where)

@@ -30,15 +30,21 @@ of the case's module: MSE layers and next-token models apart).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from harness.calibration import twin
 from harness.spec import catalog
-from harness.spec.matrix import reshard_target
+from harness.spec.matrix import numerics_of, reshard_target
 from harness.spec.mesh import parse_mesh
+from harness.spec.scenario import load_scenario
 
 SCENARIOS = ("calibration", twin.SCENARIO)  # the scenarios measured here
+ON_DEMAND = "calibration_on_demand"  # + "@<config>": a run's calibration on demand (on_demand.py)
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"  # where their files are
 CALIBRATED = {("fp32_parity", "loss"), ("fp32_parity", "grads"), ("fp32_parity", "params"),
               ("fp32_parity", "stored_params"), ("fp32_parity", "update_norms"),
               ("reshard", "next_loss"),
@@ -47,8 +53,11 @@ METRICS = ("max_abs", "rel_l2")
 MIN_N = 10  # fewer samples than this: the population is too small to take a p99 from
 ANY = "*"  # a population column pooled over
 # population columns, and the levels written (the columns each keeps; the rest pooled)
-POPULATION = ("backend", "device", "pg_backend", "world_size", "module")
-LEVELS = (("module", "world_size"), ("module",), ("world_size",), ())
+POPULATION = ("backend", "device", "pg_backend", "config", "world_size", "module")
+# the configuration (Case.numerics: dims, steps, lr) is never pooled over: a population
+# measured at one configuration is no tolerance for another
+LEVELS = (("config", "module", "world_size"), ("config", "module"), ("config", "world_size"),
+          ("config",))
 EDGE_CHECKS = ("reshard",)  # checks whose world is the reshard's (source -> target)
 
 
@@ -107,10 +116,41 @@ def carried(rows: pd.DataFrame, history: pd.DataFrame) -> pd.Series:
         & (rows["phase"] == "train")
 
 
-def measured(df: pd.DataFrame) -> list[dict]:
-    df = df[df["scenario"].isin(SCENARIOS)]
+def configs(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[str]:
+    """Each row's configuration (Case.numerics): as recorded (the ``config`` column, since it
+    exists), else that of its case in the scenario file it ran from (its axes and backend)."""
+    none = pd.Series([None] * len(df), index=df.index)
+    recorded = df["config"] if "config" in df else none
+    specs, seen, out = {}, {}, []
+    for rec, scen, backend, axes in zip(recorded, df["scenario"], df["backend"],
+                                        df["axes"] if "axes" in df else none):
+        if isinstance(rec, str) and rec:
+            out.append(rec)
+            continue
+        if (scen, backend, axes) not in seen:
+            if scen not in specs:
+                path = Path(scenario_dir) / f"{scen}.yaml"
+                try:
+                    specs[scen] = load_scenario(path) if path.is_file() else None
+                except ValueError:  # a scenario file that no longer loads: no config known
+                    specs[scen] = None
+            spec = specs[scen]
+            known = spec is not None and isinstance(axes, str)
+            seen[(scen, backend, axes)] = (numerics_of(spec, backend, json.loads(axes))
+                                           if known else None)
+        out.append(seen[(scen, backend, axes)])
+    return out
+
+
+def is_calibration(scenario) -> bool:
+    """A scenario measured here: the calibration scenarios, or a run's calibration on demand."""
+    return scenario in SCENARIOS or str(scenario).startswith(ON_DEMAND + "@")
+
+
+def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
+    df = df[[is_calibration(s) for s in df["scenario"]]]
     # a case's run left out, or one of its checks, is left out in that run only: a case that
-    # hung on one host (2x H100, 2026-11-27) took every run's samples of it with it
+    # hung on one host must not take its samples of every other run with it
     cov = df[df["metric"] == "coverage"]
     bad = cov[cov["row_outcome"].isin(["xfailed", "not_run"])]
     excluded = set(zip(run_cases(bad), bad["check"]))
@@ -129,6 +169,10 @@ def measured(df: pd.DataFrame) -> list[dict]:
     rows = rows[rows["loss"].notna()]  # no loss known: no population
     if rows.empty:
         return []
+    rows = rows.assign(config=configs(rows, scenario_dir))
+    rows = rows[rows["config"].notna()]  # its case is no longer in its scenario: no config
+    if rows.empty:
+        return []
     recorded = rows["pg_backend"] if "pg_backend" in rows else [None] * len(rows)
     judged = rows["tolerance"].notna() if "tolerance" in rows else False
     reshards = rows["reshard"] if "reshard" in rows else [None] * len(rows)
@@ -139,6 +183,7 @@ def measured(df: pd.DataFrame) -> list[dict]:
                     in zip(rows["check"], rows["mesh"], reshards)])
     out = []
     base = ["check", "quantity", "recipe", "loss", "metric", "backend", "device", "pg_backend"]
+    rows = rows.astype({"config": str})
     for kept in LEVELS:
         pooled = rows[[kept in levels(c) for c in rows["check"]]]
         for key, g in pooled.groupby(base + list(kept)):

@@ -32,8 +32,13 @@ class Comparison:
 
     nonfinite: list[str] = None  # "key: N NaN / M inf (actual|expected), first at [i]"
 
+    def fails_anyway(self, tol: Tolerance) -> bool:
+        """Failed whatever its tolerance: keys, shapes or dtypes differ, or a value is NaN /
+        inf where the tolerance gives no reason to allow it."""
+        return bool(self.problems or (self.nonfinite and not tol.nonfinite))
+
     def passes(self, tol: Tolerance) -> bool:
-        if self.problems or (self.nonfinite and not tol.nonfinite):
+        if self.fails_anyway(tol):
             return False
         if tol.bitwise:
             return self.n_diff == 0
@@ -42,6 +47,8 @@ class Comparison:
     def describe(self, tol: Tolerance) -> str:
         s = (f"max_abs={self.max_abs:.3g} (tol {tol.max_abs:g}), rel_l2={self.rel_l2:.3g} "
              f"(tol {tol.rel_l2:g}), {self.n_diff}/{self.n_total} elements differ")
+        if tol.source and not tol.bitwise:
+            s += f" [tolerance: {tol.source}]"
         if self.first_diff:
             s += f"; first: {self.first_diff}"
         if self.nonfinite:

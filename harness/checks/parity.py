@@ -2,7 +2,7 @@
 
 Compares the per-step loss, the first step's gradients and the final parameters of the
 sharded (and possibly quantized) run with a single-process FP32 run of the same module on the
-whole global batch, each within its calibrated tolerance (``harness/tolerances.py``).
+whole global batch, each within its calibrated tolerance (``harness/calibration/tolerances.py``).
 Parameters are the optimizer's fp32 master weights where it keeps them (``params``: free of
 the format's rounding, so a wrong learning rate shows) and, for quantized recipes, the
 quantized weights themselves (``stored_params``). ``update_norms`` compares how far each
@@ -14,8 +14,6 @@ few steps).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -41,14 +39,15 @@ def population(art) -> tolerances.Population:
 
 def tol(art, check, quantity):
     """The calibrated tolerance for the case's recipe, loss (``catalog.TASK_LOSS`` of its
-    task) and population; where none exists yet (a new recipe or hardware, the calibration run
-    that will make one) a NaN tolerance that fails, so the values are still recorded."""
+    task) and population at the case's configuration; where none was measured there (a new
+    configuration, recipe or hardware) the quantity is recorded unjudged: the plugin judges it
+    by a population calibrated on demand for that configuration, or it stays unjudged."""
     case = art.case
     try:
         return tolerances.lookup(check, quantity, case.recipe, case.tolerances, case.train,
                                  loss=catalog.TASK_LOSS[case.task], where=population(art))
     except tolerances.MissingTolerance as e:
-        return tolerances.Tolerance(math.nan, math.nan, str(e).strip('"'))
+        return tolerances.Tolerance.none_for(str(e).strip('"'))
 
 
 def fp32_parity(art, rec) -> None:

@@ -1,6 +1,7 @@
 """Collects one rank's result rows for a case; ``merge`` agrees them across ranks.
 
-Row outcomes: ``pass`` / ``fail`` (a check's verdict), ``error`` (the check raised; the row
+Row outcomes: ``pass`` / ``fail`` (a check's verdict), ``unjudged`` (measured, no tolerance for
+the case's configuration yet: the plugin judges it by one calibrated on demand), ``error`` (the check raised; the row
 names the check that was running) and ``info`` (a trace such as the per-step loss, no verdict).
 
 Coverage rows (``metric == "coverage"``, ``quantity == "*"``): one per check and producer of
@@ -14,7 +15,7 @@ import contextlib
 import math
 import traceback
 
-from harness.calibration.tolerances import Tolerance
+from harness.calibration.tolerances import UNJUDGED, Tolerance
 from harness.checks.compare import Comparison, compare
 from harness.checks.outcomes import COVERAGE, FAILED
 from harness.distributed.checkpoint import describe
@@ -26,9 +27,10 @@ class Recorder:
     def __init__(self):
         self.rows: list[dict] = []
 
-    def _row(self, check, quantity, metric, value, tolerance, outcome, detail=""):
+    def _row(self, check, quantity, metric, value, tolerance, outcome, detail="", source=""):
         self.rows.append(dict(check=check, quantity=quantity, metric=metric, value=float(value),
-                              tolerance=float(tolerance), outcome=outcome, detail=detail))
+                              tolerance=float(tolerance), outcome=outcome, detail=detail,
+                              tolerance_source=source))
 
     def compare(self, check: str, quantity: str, actual: dict, expected: dict,
                 tol: Tolerance, over: tuple[int, str] | None = None) -> Comparison:
@@ -37,14 +39,18 @@ class Recorder:
         c = compare(actual, expected)
         holds = over is None or over[0] == 0
         outcome = "pass" if c.passes(tol) and holds else "fail"
+        if tol.unjudged and holds and not c.fails_anyway(tol):
+            outcome = UNJUDGED  # measured; judged later by a tolerance for its configuration
         detail = c.describe(tol) + ("" if holds else f"; {over[1]}")
+        if tol.unjudged:
+            detail += f"; unjudged: {tol.reason}"
         if tol.bitwise:
             self._row(check, quantity, "n_diff", c.n_diff + len(c.problems) + len(c.nonfinite),
                       0, outcome, detail)
         if over is not None:
             self._row(check, quantity, "n_over", over[0], 0, outcome, detail)
-        self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, outcome, detail)
-        self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, outcome, detail)
+        self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, outcome, detail, tol.source)
+        self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, outcome, detail, tol.source)
         return c
 
     def flag(self, check: str, quantity: str, ok: bool, detail: str) -> None:

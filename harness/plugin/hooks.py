@@ -66,6 +66,11 @@ def pytest_addoption(parser):
                      "(rank r on GPU r mod G) and every process group is gloo: auto (default) "
                      "shares only where needed, never skips such cases, always shares even "
                      "with a GPU per rank (harness/launch/placement.py)")
+    g.addoption("--calibrate", choices=("auto", "off"), default="auto",
+                help="a case whose calibrated quantities have no population at its "
+                     "configuration (dims, steps, lr): auto (default) measures one from clean "
+                     "seeded variants run beside it and caches it; off leaves them unjudged "
+                     "(harness/calibration/on_demand.py)")
     g.addoption("--nnodes", type=int, default=1, metavar="N",
                 help="split each launch over N torchrun agents (c10d rendezvous); without "
                      "--node-launcher they run on this host as simulated nodes")

@@ -56,6 +56,8 @@ class CaseItem(pytest.Item):
             if full is None:
                 raise
             raise full from None
+        if self.hs.on_demand is not None:  # rows no packaged population could judge
+            self.hs.on_demand.resolve(self.case, res.rows, self.hs.scheduler)
         self.verdict = v = verdict_mod.judge(res.rows, res.status, res.errors, self.entries)
         if self.clean_entries is not None:
             self.vs_clean = verdict_mod.judge(res.rows, res.status, res.errors,
@@ -91,6 +93,7 @@ class CaseItem(pytest.Item):
                    xfail_reason=" | ".join(e.reason for e in self.entries))
         out["pg_backend"], out["ranks_per_gpu"] = hs.env.placement(self.case)
         out["loss"] = catalog.TASK_LOSS[self.case.task]  # its tolerances' population
+        out["config"] = self.case.numerics  # ... and configuration
         if res is not None:  # plain data (xdist); the results stage makes the rows of it
             out.update(status=res.status, seconds=res.seconds, rows=res.rows,
                        launches=res.launches, summary=one_line(res))

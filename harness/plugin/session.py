@@ -24,6 +24,7 @@ from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, execution_meta, scope_of
 from harness.plugin.failure_text import FailureFormatter
 from harness.plugin.items import CaseItem, of_world_size
+from harness.plugin.on_demand import OnDemand
 from harness.plugin.registry_match import RegistryMatch
 from harness.plugin.selection import ScenarioSelection, project_root
 from harness.results import write as results
@@ -73,6 +74,7 @@ class HarnessSession:
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
                                          report_dir / "runs" / self.run_id / "launches")
         self.execution: Execution | None = None
+        self.on_demand: OnDemand | None = None  # populations measured for this run's cases
         self.rank_server = None  # launch.rank_server.RankServer, where ranks fork (hooks.py)
         self.selected_items: dict[str, CaseItem] = {}  # case id -> item (this process)
         self.selected_cases: dict[str, Case] = {}  # xdist controller: case id -> case
@@ -132,8 +134,10 @@ class HarnessSession:
         runnable = [i.case for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
             return
+        self.on_demand = OnDemand(self)
+        variants = self.on_demand.plan(runnable)  # calibration the cases need, run beside them
         self.execution = Execution.for_run(self)
-        self.execution.start(runnable, per_scope=self.worker_id is not None)
+        self.execution.start(runnable + variants, per_scope=self.worker_id is not None)
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
 
@@ -151,6 +155,8 @@ class HarnessSession:
             try:
                 if self.execution is not None:  # the lanes end (bounded) and record themselves
                     self.execution.shutdown(self.config, self.device)
+                if self.on_demand is not None and self.record.write_reports:
+                    self.on_demand.write(self.record.report_dir, self.run_id)
                 if self.worker_id is None:  # xdist workers: the controller writes the report
                     self._finish(exitstatus)
                 elif hasattr(self.config, "workeroutput"):
@@ -161,6 +167,8 @@ class HarnessSession:
                     self.execution.cleanup(self.config.getoption("keep_work"))
         if self.record.report_error and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run's record is lost
+        if self.record.unjudged() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # unjudged quantities: not green
 
     def _finish(self, exitstatus) -> None:
         rec = self.record
@@ -182,3 +190,5 @@ class HarnessSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.record.collected and self.worker_id is None:
             self.record.terminal_summary(terminalreporter, self.selection.backend_note)
+        for line in self.on_demand.summary() if self.on_demand is not None else ():
+            terminalreporter.write_line(line)

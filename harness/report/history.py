@@ -28,7 +28,8 @@ SUPPORTED_VERSIONS = {1, 2}  # 2 adds coverage rows (metric "coverage")
 _STR, _FLOAT, _INT = "string", "float", "integer"
 #: required columns and their kind (checked on the parquet schema, before reading any row)
 #: columns added after schema 1, filled in when an older file lacks them
-OPTIONAL = {"xfail_entries": "", "pg_backend": "", "ranks_per_gpu": "", "loss": ""}
+OPTIONAL = {"xfail_entries": "", "pg_backend": "", "ranks_per_gpu": "", "loss": "", "config": "",
+            "tolerance_source": ""}
 REQUIRED: dict[str, str] = {c: _STR for c in results.ROW_COLUMNS if c not in OPTIONAL}
 REQUIRED.update(value=_FLOAT, tolerance=_FLOAT, duration_s=_FLOAT, xfail_entry=_INT)
 STRING_COLUMNS = ([c for c, k in REQUIRED.items() if k == _STR] + list(OPTIONAL)

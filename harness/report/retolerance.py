@@ -27,7 +27,8 @@ def _tolerance(r, measured, loss: str) -> float:
     where = tolerances.Population(r.backend, r.device,
                                   derive.pg_backend(r.device, getattr(r, "pg_backend", None)),
                                   parse_mesh(r.mesh).world_size, r.module,
-                                  derive.target_world(getattr(r, "reshard", None)))
+                                  derive.target_world(getattr(r, "reshard", None)),
+                                  r.config or "")
     try:
         t = tolerances.lookup(r.check, r.quantity, r.recipe, loss=loss, where=where,
                               measured=measured)
@@ -47,6 +48,7 @@ def apply(rows: pd.DataFrame, measured: dict | None = None) -> tuple[pd.DataFram
     its numbers (a shape mismatch, replicas that diverge: it failed within its recorded
     tolerance) keeps its recorded outcome."""
     rows = rows.reset_index(drop=True)  # row labels must be unique (concatenated histories)
+    rows = rows.assign(config=derive.configs(rows))  # as recorded, else its scenario's
     pick = rows["metric"].isin(METRICS) & pd.Series(
         [(c, q) in derive.CALIBRATED for c, q in zip(rows["check"], rows["quantity"])],
         index=rows.index)

@@ -29,14 +29,16 @@ def case_rows(info: dict, outcome: str) -> list[dict]:
                 # how its ranks ran: nccl (a GPU each), gloo (CPU, or ranks sharing GPUs)
                 pg_backend=info.get("pg_backend", ""),
                 ranks_per_gpu=str(info.get("ranks_per_gpu") or ""),
-                loss=info.get("loss", ""))  # the training loss (calibration populations)
+                loss=info.get("loss", ""),  # the training loss (calibration populations)
+                config=info.get("config", ""))  # its configuration (Case.numerics)
     rows = [dict(base, phase="", check="case", quantity="", metric="duration_s",
                  value=info.get("seconds", 0.0), tolerance=float("nan"), row_outcome=outcome,
                  detail=info.get("summary", ""))]
     for r in judged_rows(info):
         rows.append(dict(base, phase=r.get("phase", ""), check=r["check"], quantity=r["quantity"],
                          metric=r["metric"], value=r["value"], tolerance=r["tolerance"],
-                         row_outcome=r["outcome"], detail=r.get("detail", "")))
+                         row_outcome=r["outcome"], detail=r.get("detail", ""),
+                         tolerance_source=r.get("tolerance_source", "")))
     return rows
 
 

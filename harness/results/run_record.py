@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from harness.calibration.tolerances import UNJUDGED
 from harness.launch import disk, interrupt
 from harness.launch.tasks import task_wall
 from harness.results import write as results
@@ -85,6 +86,20 @@ class RunRecord:
                                  else f"reports NOT written to {self.report_dir}: {e}")
 
     # --- terminal ---------------------------------------------------------------------------
+    def unjudged(self) -> list[tuple[str, str]]:
+        """(case id, "check/quantity: why") of every comparison left unjudged: no tolerance
+        could be derived for its configuration (a run with any is not green)."""
+        out = []
+        for cid, (_, info) in self.collected.items():
+            seen = set()
+            for r in info.get("rows") or ():
+                k = (r.get("phase", ""), r["check"], r["quantity"])
+                if r.get("outcome") == UNJUDGED and k not in seen:
+                    seen.add(k)
+                    why = r.get("detail", "").partition("unjudged: ")[2] or r.get("detail", "")
+                    out.append((cid, f"{r['check']}/{r['quantity']}: {why[:300]}"))
+        return out
+
     def terminal_summary(self, tr, backend_note: str) -> None:
         tr.section("harness summary")
         if backend_note:
@@ -110,6 +125,13 @@ class RunRecord:
         for secs, cid in sorted(ran, reverse=True)[:5]:
             tr.write_line(f"  slow: {secs:6.1f}s  {cid}")
         _launches(tr, self.launch_records, time.time() - self.t0)
+        unjudged = self.unjudged()
+        if unjudged:
+            tr.write_line(f"unjudged: {len(unjudged)} quantities of "
+                          f"{len({c for c, _ in unjudged})} case(s) have no tolerance for their "
+                          f"configuration -- the run is not green:", red=True)
+            for cid, what in unjudged[:10]:
+                tr.write_line(f"  {cid} {what}", red=True)
         xf = [(cid, info) for cid, (o, info) in self.collected.items() if o == "xfailed"]
         if xf:
             tr.write_line(f"expected failures (xfail registry): {len(xf)}")

@@ -37,7 +37,7 @@ ROW_COLUMNS = ["run_id", "case_id", "scenario", "backend", "device", "recipe", "
                "dcp", "reshard", "axes", "phase", "check", "quantity", "metric", "value",
                "tolerance", "row_outcome", "detail", "case_outcome", "case_status",
                "duration_s", "xfail_entry", "xfail_entries", "xfail_reason", "skip_reason",
-               "repro", "pg_backend", "ranks_per_gpu", "loss"]
+               "repro", "pg_backend", "ranks_per_gpu", "loss", "config", "tolerance_source"]
 META_COLUMNS = ["date", "git_sha", "torch_version", "te_version", "gpu_name", "hostname"]
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped")  # ("interrupted": interrupt.py)
 

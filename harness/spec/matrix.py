@@ -86,6 +86,15 @@ class Case:
         return json.dumps(d, sort_keys=True, default=str)
 
     @property
+    def numerics(self) -> str:
+        """The configuration a tolerance is derived for (a calibration population's
+        ``config``): the model dims, the steps and learning rate, and for a model a scenario
+        brings its factory -- what sets the size of a run's numerical error besides the
+        population's backend, device, process groups, world size, module and recipe. The seed
+        is left out: seeds are the samples a population is measured over."""
+        return numerics_key(self.model, self.train, self.model_ref)
+
+    @property
     def task(self) -> str:
         """What the module is trained on (catalog.TASKS): inputs, targets, loss."""
         if self.model_ref is not None:
@@ -120,6 +129,22 @@ class Case:
                    tolerances=d["tolerances"], timeout_s=d["timeout_s"], marks=tuple(d["marks"]),
                    workarounds=tuple(tuple(w) for w in d.get("workarounds", ())),
                    model_ref=ModelRef.from_json(d.get("model_ref")))
+
+
+def numerics_key(model: ModelDims, train: TrainSpec, model_ref: ModelRef | None = None) -> str:
+    """``h32-f72-a4-s8-b8-o30-L2-v128-st3-lr0.01`` (+ ``-m<factory>``): see Case.numerics."""
+    m = model
+    key = (f"h{m.hidden}-f{m.ffn}-a{m.heads}-s{m.seq}-b{m.batch}-o{m.out_features}-L{m.layers}"
+           f"-v{m.vocab}-st{train.steps}-lr{train.lr:g}")
+    return key + (f"-m{model_ref.factory}" if model_ref is not None else "")
+
+
+def numerics_of(spec: ScenarioSpec, backend: str, axes: dict[str, str]) -> str:
+    """Case.numerics of the case at ``axes`` of ``spec`` (a history row's coordinates)."""
+    coords = {**axes, "backend": backend}
+    model = next((dims for sel, dims in spec.model_overrides if _matches(coords, [sel])),
+                 spec.model)
+    return numerics_key(model, spec.train, spec.models.get(axes.get("module")))
 
 
 def _matches(axes: dict[str, str], rules: list[dict[str, list[str]]]) -> bool:

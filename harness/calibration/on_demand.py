@@ -1,0 +1,194 @@
+"""Calibration on demand: a population a case needs and nobody measured is measured for it.
+
+A case's calibrated quantities (fp32_parity, sharding_invariance, reshard) take their tolerance
+from a population measured at the case's own configuration (``Case.numerics``: dims, steps, lr)
+-- never from one measured at another. Where ``measured.csv`` has none, the run measures one:
+``MIN_N`` clean variants of the case (:func:`variants`: seeds 1..MIN_N, no fault or mutant,
+every fix and workaround on, sync DCP, the calibrated checks only) run beside the matrix, their
+errors become populations exactly as the calibration scenario's do (``derive.measured``), and
+the case's unjudged rows are judged by them (:func:`rejudge`). The plugin caches the
+populations by configuration and software versions, so a later run pays nothing.
+
+A population measured from the code under test trusts that code, like any calibration. A coarse
+guard for fp32_parity -- whose populations are a recipe's quantization error, which a change of
+dims, steps or lr moves by a small factor: where a packaged calibration of the same quantity,
+recipe, loss and population kind exists at another configuration, an on-demand p99 beyond
+``PLAUSIBLE_X`` times the largest of those (and beyond what fp32 reduction order makes,
+``PLAUSIBLE_FLOOR``) is not taken: a systematic error would calibrate itself, so the quantity
+stays ``unjudged`` with both numbers (:func:`implausible`). Reduction-order populations
+(sharding_invariance, reshard) move by orders of magnitude with the number of slices, steps and
+the learning rate (Adam amplifies a rounding difference in a small gradient), so no such bound
+holds for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+
+from harness.calibration import derive, twin
+from harness.calibration.derive import CALIBRATED, MIN_N, POPULATION
+from harness.calibration.tolerances import UNJUDGED, MissingTolerance, Population, lookup
+from harness.spec import catalog
+
+SCENARIO = derive.ON_DEMAND  # the variants' scenario name prefix
+SEEDS = tuple(range(1, MIN_N + 1))
+CHECKS = tuple(sorted({c for c, _ in CALIBRATED}))
+# extra axes set to their clean value in a variant: a sized bug, a TE mutant, a workaround
+# left out, a reference fix switched off are what a case tests, not its configuration
+CLEAN = {"fault": "none", "mutation": "none", "without": "none", "fixes": "all"}
+PLAUSIBLE_X = 10.0  # an on-demand p99 beyond 10x every packaged configuration's is not taken
+PLAUSIBLE_FLOOR = 1e-4  # ... unless it is below this rel-L2 (fp32 reduction order's scale)
+GUARDED = ("fp32_parity",)
+
+
+def quantities(case, backend: str, device: str) -> list[tuple[str, str]]:
+    """The calibrated (check, quantity) pairs ``case`` records with a calibrated tolerance."""
+    out = []
+    for check, quantity in sorted(CALIBRATED):
+        if check not in case.checks or (check == "reshard" and case.target is None):
+            continue
+        if check == twin.CHECK and not twin.calibrated(case, backend, device):
+            continue  # bitwise, or no twin stands for it
+        if quantity == "stored_params" and case.recipe not in catalog.QUANTIZED_RECIPES:
+            continue  # only quantized recipes store quantized weights
+        out.append((check, quantity))
+    return out
+
+
+def missing(case, device: str, pg_backend: str, measured: dict) -> list[tuple[str, str]]:
+    """The calibrated quantities of ``case`` without a population at its configuration in
+    ``measured`` (a scenario's own ``tolerances`` entry counts as one)."""
+    where = Population.of_case(case, device, pg_backend)
+    out = []
+    for check, quantity in quantities(case, case.backend, device):
+        try:
+            lookup(check, quantity, case.recipe, case.tolerances, case.train, measured=measured,
+                   loss=catalog.TASK_LOSS[case.task], where=where)
+        except MissingTolerance:
+            out.append((check, quantity))
+    return out
+
+
+def scenario_of(case) -> str:
+    """The variants' scenario: one per configuration, so ids never mix two configurations."""
+    return f"{SCENARIO}@{case.numerics}"
+
+
+def variants(case, seeds=SEEDS) -> list:
+    """The clean, seeded copies of ``case`` whose errors make its populations."""
+    axes = [(a, CLEAN.get(a, v)) for a, v in case.axes if a != "seed"]
+    axes = [(a, "sync" if a == "dcp" else v) for a, v in axes]
+    checks = tuple(c for c in case.checks if c in CHECKS)
+    return [dataclasses.replace(
+        case, scenario=scenario_of(case), axes=tuple(axes) + (("seed", str(s)),),
+        train=dataclasses.replace(case.train, seed=s), checks=checks, marks=())
+        for s in seeds]
+
+
+def history_rows(case, rows: list[dict], status: str, device: str, pg_backend: str,
+                 run_id: str) -> list[dict]:
+    """A variant's result rows as derive.measured reads history rows."""
+    ax = dict(case.axes)
+    base = dict(run_id=run_id, case_id=case.id, scenario=case.scenario, backend=case.backend,
+                device=device, recipe=case.recipe, mesh=ax["mesh"], module=ax["module"],
+                reshard=ax["reshard"], axes=json.dumps(ax), pg_backend=pg_backend,
+                loss=catalog.TASK_LOSS[case.task], config=case.numerics, case_status=status)
+    return [dict(base, phase=r.get("phase", ""), check=r["check"], quantity=r["quantity"],
+                 metric=r["metric"], value=r["value"], tolerance=r.get("tolerance"),
+                 row_outcome=r["outcome"]) for r in rows]
+
+
+def populations(rows: list[dict]) -> dict[tuple, dict]:
+    """Measurements (``calibration.load``'s form) of the variants' history rows. The variants
+    were judged unjudged or by their own packaged tolerance: both count as samples."""
+    if not rows:
+        return {}
+    df = pd.DataFrame(rows)
+    df["row_outcome"] = df["row_outcome"].replace({UNJUDGED: "pass"})
+    out = {}
+    for r in derive.measured(df):
+        key = tuple(str(r[k]) for k in ("check", "quantity", "recipe", "loss", *POPULATION,
+                                        "metric"))
+        out[key] = dict(n=int(r["n"]), p99=float(r["p99"]), max=float(r["max"]))
+    return out
+
+
+def implausible(key: tuple, row: dict, packaged: dict) -> str | None:
+    """Why an on-demand rel-L2 measurement ``key`` -> ``row`` is not taken (None: it is): its
+    p99 beyond PLAUSIBLE_X times the largest p99 of the same check, quantity, recipe, loss,
+    backend, device and process groups at every packaged configuration."""
+    head, kind = key[:4], key[4:7]
+    if key[-1] != "rel_l2" or key[0] not in GUARDED or row["p99"] <= PLAUSIBLE_FLOOR:
+        return None
+    others = [v["p99"] for k, v in packaged.items()
+              if k[:4] == head and k[4:7] == kind and k[-1] == "rel_l2"]
+    if not others or row["p99"] <= PLAUSIBLE_X * max(others):
+        return None
+    return (f"on-demand p99 rel-L2 {row['p99']:.3g} is over {PLAUSIBLE_X:g}x the largest "
+            f"calibrated at any other configuration ({max(others):.3g}): a systematic error "
+            f"would calibrate itself -- review it, then add the configuration to "
+            f"scenarios/calibration.yaml")
+
+
+def screen(found: dict, packaged: dict) -> tuple[dict, dict]:
+    """(taken, refused) of on-demand measurements ``found``: refused -- (check, quantity,
+    recipe, loss) -> why -- where :func:`implausible` says so (both metrics of it go)."""
+    refused = {}
+    for k, row in found.items():
+        why = implausible(k, row, packaged)
+        if why:
+            refused[k[:4]] = why
+    return {k: v for k, v in found.items() if k[:4] not in refused}, refused
+
+
+def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict,
+            refused: dict[tuple, str]) -> int:
+    """Judge ``case``'s unjudged comparison rows (in place) by ``measured`` (packaged and
+    taken on-demand populations; ``refused``: :func:`screen`'s); how many comparisons stay
+    unjudged. A comparison passes when its max_abs and rel_l2 are within the
+    tolerance; its unit's coverage row fails with it."""
+    where = Population.of_case(case, device, pg_backend)
+    loss = catalog.TASK_LOSS[case.task]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("outcome") == UNJUDGED:
+            groups.setdefault((r.get("phase", ""), r["check"], r["quantity"]), []).append(r)
+    left, failed_units = 0, set()
+    for (phase, check, quantity), group in groups.items():
+        why = None
+        try:
+            t = lookup(check, quantity, case.recipe, case.tolerances, case.train,
+                       measured=measured, loss=loss, where=where, how="on demand")
+        except MissingTolerance as e:
+            t = None
+            why = refused.get((check, quantity, case.recipe, loss)) or str(e).strip('"')
+        if t is None:
+            left += 1
+            for r in group:
+                r["detail"] = f"{r.get('detail', '').split('; unjudged: ')[0]}; unjudged: {why}"
+            continue
+        limit = {"max_abs": t.max_abs, "rel_l2": t.rel_l2}
+        ok = all(r["value"] <= limit[r["metric"]] for r in group if r["metric"] in limit)
+        for r in group:
+            if r["metric"] in limit:
+                r["tolerance"] = limit[r["metric"]]
+            r["outcome"] = "pass" if ok else "fail"
+            r["tolerance_source"] = t.source
+            r["detail"] = _judged(r.get("detail", ""), t)
+        if not ok:
+            failed_units.add((phase, check))
+    for r in rows:
+        if r.get("metric") == "coverage" and (r.get("phase", ""), r["check"]) in failed_units:
+            r["outcome"] = "failed"
+    return left
+
+
+def _judged(detail: str, t) -> str:
+    """A row's detail with the tolerance it is judged by in place of 'tol nan'."""
+    detail = detail.split("; unjudged: ")[0]
+    detail = detail.replace("(tol nan)", f"(tol {t.max_abs:g})", 1)
+    detail = detail.replace("(tol nan)", f"(tol {t.rel_l2:g})", 1)
+    return detail.replace("[tolerance: unjudged]", f"[tolerance: {t.source}]")

@@ -1,0 +1,143 @@
+"""The run's calibration on demand (``calibration/on_demand.py`` holds the rules).
+
+At collection's end :meth:`OnDemand.plan` finds the runnable cases whose calibrated quantities
+have no population at their configuration -- neither in the package's ``measured.csv`` nor in
+the cache of earlier runs -- and hands the scheduler their clean seeded variants, which run
+beside the matrix. When such a case's result comes, :meth:`OnDemand.resolve` waits for its
+variants (each a bounded case like any other), derives their populations once per
+configuration, caches them (pytest's cache, keyed by the configuration, population and the
+software versions) and judges the case's unjudged rows by them. ``--calibrate off``: no
+variants run; those quantities stay unjudged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from harness import calibration
+from harness.calibration import on_demand
+from harness.calibration.tolerances import UNJUDGED
+
+CACHE_PREFIX = "harness/calibration_on_demand/"
+
+
+def _encode(d: dict) -> list:
+    return [[list(k), v] for k, v in d.items()]
+
+
+def _decode(rows) -> dict:
+    return {tuple(k): v for k, v in rows}
+
+
+class OnDemand:
+    def __init__(self, hs):
+        self.hs = hs
+        self.mode = hs.config.getoption("calibrate")
+        self.cache = getattr(hs.config, "cache", None)
+        self.packaged = calibration.load()
+        self.versions = {k: v for k, v in hs.env.describe().items()
+                         if k in ("torch", "te", "transformer_engine", "gpu")}
+        self.measured = dict(self.packaged)  # packaged + cached + measured in this run
+        self.refused: dict[tuple, str] = {}
+        self.groups: dict[str, list] = {}  # group key -> its variants
+        self.case_group: dict[str, str] = {}  # case id -> group key
+        self.done: dict[str, float] = {}  # group key -> seconds its variants took (this run)
+        self.cached: set[str] = set()  # group keys found in the cache
+        self.rows: list[dict] = []  # the variants' rows (history form), written at the end
+
+    def _key(self, case, pg: str) -> str:
+        """The cache key of ``case``'s variants: configuration, population, versions."""
+        v = on_demand.variants(case, seeds=(0,))[0]
+        text = json.dumps([v.scenario, v.backend, [a for a in v.axes if a[0] != "seed"],
+                           v.checks, [list(w) for w in v.workarounds], self.hs.device, pg,
+                           self.versions], sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def plan(self, cases: list) -> list:
+        """The variants to run beside ``cases`` (none where every population is known)."""
+        device = self.hs.device
+        for case in cases:
+            pg, _ = self.hs.env.placement(case)
+            if not on_demand.missing(case, device, pg, self.measured):
+                continue
+            key = self._key(case, pg)
+            self.case_group[case.id] = key
+            if key in self.groups or key in self.cached:
+                continue
+            hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
+            if hit is not None:
+                self.measured.update(_decode(hit["taken"]))
+                self.refused.update({tuple(k): v for k, v in hit["refused"]})
+                self.cached.add(key)
+                continue
+            if self.mode != "off":
+                self.groups[key] = on_demand.variants(case)
+        seen, out = set(), []
+        for vs in self.groups.values():
+            for v in vs:
+                if v.id not in seen:
+                    seen.add(v.id)
+                    out.append(v)
+        return out
+
+    def _measure(self, key: str, scheduler) -> None:
+        rows, seconds = [], 0.0
+        for v in self.groups[key]:
+            res = scheduler.result(v)
+            pg, _ = self.hs.env.placement(v)
+            seconds += res.seconds or 0.0
+            rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
+                                           self.hs.run_id)
+        self.rows += rows
+        taken, refused = on_demand.screen(on_demand.populations(rows), self.packaged)
+        self.measured.update(taken)
+        self.refused.update(refused)
+        self.done[key] = seconds
+        if self.cache is not None:
+            self.cache.set(CACHE_PREFIX + key, {"taken": _encode(taken),
+                                                "refused": [[list(k), v] for k, v in
+                                                            refused.items()],
+                                                "at": time.time()})
+
+    def resolve(self, case, rows: list[dict], scheduler) -> int:
+        """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged."""
+        if not any(r.get("outcome") == UNJUDGED for r in rows):
+            return 0
+        key = self.case_group.get(case.id)
+        if key in self.groups and key not in self.done:
+            self._measure(key, scheduler)
+        pg, _ = self.hs.env.placement(case)
+        left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
+        if left and self.mode == "off":
+            for r in rows:
+                if r.get("outcome") == UNJUDGED:
+                    r["detail"] += "; not calibrated on demand (--calibrate off)"
+        return left
+
+    def summary(self) -> list[str]:
+        """Terminal lines: what the run calibrated on demand, and what that cost."""
+        out = []
+        if self.done:
+            n = sum(len(self.groups[k]) for k in self.done)
+            out.append(f"calibrated on demand: {len(self.done)} configuration(s) without a "
+                       f"population, {n} clean seeded variant(s), {sum(self.done.values()):.1f} "
+                       f"case-seconds; cached for later runs (pytest's cache)")
+        if self.cached:
+            out.append(f"on-demand populations from the cache of an earlier run: "
+                       f"{len(self.cached)} configuration(s)")
+        return out
+
+    def write(self, report_dir, run_id: str) -> str | None:
+        """The variants' rows as a history file under ``report_dir``/calibration/on_demand/
+        history -- where ``python -m harness calibrate`` reads them, to make them part of the
+        packaged calibration; the path, or None when nothing was measured."""
+        if not self.rows:
+            return None
+        import pandas as pd
+        out = report_dir / "calibration" / "on_demand" / "history"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{run_id}{'-' + self.hs.worker_id if self.hs.worker_id else ''}.parquet"
+        pd.DataFrame(self.rows).to_parquet(path)
+        return str(path)

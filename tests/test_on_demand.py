@@ -1,0 +1,151 @@
+"""Calibration on demand (harness/calibration/on_demand.py): a configuration nobody calibrated
+gets populations measured for it, never another configuration's; what cannot be judged is
+``unjudged``, never a pass and never a ``tol nan`` failure."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.calibration import on_demand, tolerances
+from harness.calibration.tolerances import MissingTolerance, Population, Tolerance
+from harness.checks.record import Recorder
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+
+SCENARIO = Path(__file__).resolve().parent / "scenarios" / "unseen_config.yaml"
+
+
+def _case(recipe="bf16", fault="none", backend="reference"):
+    cases = expand(load_scenario(SCENARIO), backend)
+    return next(c for c in cases if c.recipe == recipe and c.ax.get("fault") == fault
+                and c.ax["mesh"] == "dp3")
+
+
+def test_the_configuration_is_part_of_every_population():
+    """A population measured at the calibration scenario's dims, steps and lr is no tolerance
+    for another configuration of the same backend, recipe, world size and module."""
+    case = _case()
+    assert case.numerics == "h36-f54-a4-s5-b12-o30-L2-v128-st5-lr0.003"
+    same = dataclasses.replace(case, train=dataclasses.replace(case.train, seed=99))
+    assert same.numerics == case.numerics  # seeds are a population's samples
+    other = dataclasses.replace(case, train=dataclasses.replace(case.train, lr=1e-2))
+    assert other.numerics != case.numerics
+    where = Population.of_case(case, "cpu", "gloo")
+    with pytest.raises(MissingTolerance):
+        tolerances.lookup("fp32_parity", "params", "bf16", where=where)
+    assert on_demand.missing(case, "cpu", "gloo", tolerances._MEASURED)
+    calibrated = dataclasses.replace(where, world_size=2,
+                                     config="h32-f72-a4-s8-b8-o30-L2-v128-st3-lr0.01")
+    t = tolerances.lookup("fp32_parity", "params", "bf16", where=calibrated)
+    assert t.source.startswith("calibrated reference/cpu/gloo/h32-f72") and "n=" in t.source
+
+
+def test_variants_are_the_clean_seeded_case():
+    case = _case("current", "grads_bf16_before_reduce")
+    vs = on_demand.variants(case)
+    assert [v.train.seed for v in vs] == list(range(1, 11))
+    assert len({v.id for v in vs}) == 10 and all(v.scenario.startswith(on_demand.SCENARIO + "@")
+                                                  for v in vs)
+    for v in vs:
+        assert v.ax["fault"] == "none" and v.ax["dcp"] == "sync" and v.numerics == case.numerics
+        assert v.ax["seed"] == str(v.train.seed) and v.target == case.target
+        assert set(v.checks) <= set(on_demand.CHECKS)
+
+
+def _rows(values: dict, outcome="unjudged"):
+    """A case's rows as a rank records them without a population: (check, quantity) ->
+    (max_abs, rel_l2)."""
+    rows = []
+    for (check, quantity), (mx, rel) in values.items():
+        for metric, v in (("max_abs", mx), ("rel_l2", rel)):
+            rows.append(dict(phase="train" if check != "reshard" else "reshard", check=check,
+                             quantity=quantity, metric=metric, value=v, tolerance=math.nan,
+                             outcome=outcome, detail="max_abs=1 (tol nan), rel_l2=1 (tol nan)"
+                             "; unjudged: no population", tolerance_source="unjudged"))
+    rows.append(dict(phase="train", check="fp32_parity", quantity="*", metric="coverage",
+                     value=math.nan, tolerance=math.nan, outcome="passed", detail=""))
+    return rows
+
+
+def _measured(case, p99_rel=0.01, p99_abs=0.001, n=10):
+    key = Population.of_case(case, "cpu", "gloo").key(("config", "module", "world_size"),
+                                                      "fp32_parity")
+    return {("fp32_parity", "params", case.recipe, "mse") + key + (m,):
+            dict(n=n, p99=p, max=p) for m, p in (("max_abs", p99_abs), ("rel_l2", p99_rel))}
+
+
+def test_unjudged_rows_are_judged_by_the_on_demand_population():
+    case = _case()
+    m = _measured(case)
+    ok = _rows({("fp32_parity", "params"): (0.0015, 0.015)})
+    assert on_demand.rejudge(case, ok, "cpu", "gloo", m, {}) == 0
+    judged = [r for r in ok if r["metric"] == "rel_l2"][0]
+    assert judged["outcome"] == "pass" and judged["tolerance"] == pytest.approx(0.02)
+    assert judged["tolerance_source"].startswith("on demand reference/cpu/gloo/h36-f54")
+    assert "(tol 0.02)" in judged["detail"] and "unjudged" not in judged["detail"]
+    bad = _rows({("fp32_parity", "params"): (0.0015, 0.03)})  # 1.5x the tolerance
+    assert on_demand.rejudge(case, bad, "cpu", "gloo", m, {}) == 0
+    assert {r["outcome"] for r in bad if r["metric"] != "coverage"} == {"fail"}
+    assert [r["outcome"] for r in bad if r["metric"] == "coverage"] == ["failed"]
+
+
+def test_without_a_population_a_quantity_stays_unjudged():
+    case = _case()
+    rows = _rows({("fp32_parity", "params"): (0.0015, 0.015)})
+    assert on_demand.rejudge(case, rows, "cpu", "gloo", {}, {}) == 1
+    assert {r["outcome"] for r in rows if r["metric"] != "coverage"} == {"unjudged"}
+
+
+def test_an_implausible_on_demand_population_is_not_taken():
+    """A systematic error present while calibrating would calibrate itself: an on-demand p99
+    over PLAUSIBLE_X times every packaged configuration's stays unjudged, with both numbers."""
+    case = _case()
+    packaged = _measured(dataclasses.replace(case, model=dataclasses.replace(case.model,
+                                                                            hidden=40)))
+    found = _measured(case, p99_rel=0.5)
+    taken, refused = on_demand.screen(found, packaged)
+    assert not taken and refused
+    rows = _rows({("fp32_parity", "params"): (0.1, 0.4)})
+    assert on_demand.rejudge(case, rows, "cpu", "gloo", {**packaged, **taken}, refused) == 1
+    assert "over 10x the largest calibrated" in rows[0]["detail"]
+    assert on_demand.screen(_measured(case, p99_rel=0.05), packaged)[0]  # 5x: taken
+    # reduction-order noise moves by orders of magnitude with slices, steps and lr: not guarded
+    twin_key = {("sharding_invariance",) + k[1:]: v for k, v in found.items()}
+    assert on_demand.screen(twin_key, {("sharding_invariance",) + k[1:]: v
+                                       for k, v in packaged.items()})[0] == twin_key
+
+
+def test_a_rank_records_an_unjudged_comparison_not_a_failure():
+    rec = Recorder()
+    none = Tolerance.none_for("no population at h36-...")
+    rec.compare("fp32_parity", "params", {"w": torch.ones(3)}, {"w": torch.ones(3) * 1.1}, none)
+    assert {r["outcome"] for r in rec.rows} == {"unjudged"}
+    assert "unjudged: no population" in rec.rows[0]["detail"]
+    rec = Recorder()  # a structural mismatch fails whatever the tolerance
+    rec.compare("fp32_parity", "params", {"w": torch.ones(3)}, {"w": torch.ones(4)}, none)
+    assert {r["outcome"] for r in rec.rows} == {"fail"}
+    rec = Recorder()
+    nan = torch.tensor([1.0, math.nan])
+    rec.compare("fp32_parity", "params", {"w": nan}, {"w": torch.ones(2)}, none)
+    assert {r["outcome"] for r in rec.rows} == {"fail"}
+
+
+def test_populations_from_variant_rows():
+    case = _case()
+    rows = []
+    for v in on_demand.variants(case):
+        res = [dict(phase="train", check="fp32_parity", quantity="params", metric=m,
+                    value=0.01 * v.train.seed, outcome="unjudged", tolerance=math.nan)
+               for m in ("max_abs", "rel_l2")]
+        rows += on_demand.history_rows(v, res, "ok", "cpu", "gloo", "run1")
+    got = on_demand.populations(rows)
+    key = ("fp32_parity", "params", "bf16", "mse", "reference", "cpu", "gloo", case.numerics,
+           "3", "LayerNormMLP", "rel_l2")
+    assert got[key]["n"] == 10 and got[key]["max"] == pytest.approx(0.1)
+    t = tolerances.lookup("fp32_parity", "params", "bf16", measured=got, train=case.train,
+                          where=Population.of_case(case, "cpu", "gloo"), how="on demand")
+    assert t.rel_l2 == pytest.approx(2 * got[key]["p99"])
+    assert t.reason.startswith("on demand: 2x the p99") and "n=10" in t.source
