@@ -69,6 +69,7 @@ def _import():
 class TEBackend(TorchBackend):
     name = "te"
     recipes = catalog.RECIPES_BY_BACKEND["te"]
+    whole_batch_twin = ("delayed",)  # amaxes reduced over the world each step (single.py)
     # Float8Tensor's transpose cache and the columnwise copies of blockwise / MXFP8 / NVFP4
     # tensors are (re)built when a GEMM needs them; whatever a load leaves absent is compared
     # after the next step with the uninterrupted run's (dcp_roundtrip rebuilt_buffers).
@@ -209,15 +210,8 @@ class TEBackend(TorchBackend):
         te, _, _ = _import()
         if not self.quantized(case):
             return contextlib.nullcontext()
-        extra = {} if group is None else {"amax_reduction_group": group}
-        return te.autocast(enabled=True, recipe=self.recipe(case), **extra)
-
-    def twin_whole_batch(self, case) -> bool:
-        """DelayedScaling: the sharded run's amaxes are reduced over the world at each step's
-        end, so its scales are those of one forward over the whole global batch; micro-batches
-        would advance TE's amax histories once per slice (TE updates them at every autocast
-        exit)."""
-        return case.recipe == "delayed"
+        return te.autocast(enabled=True, recipe=self.recipe(case),
+                           **({} if group is None else {"amax_reduction_group": group}))
 
     def checks(self, case) -> dict:
         from harness.checks import te_checks

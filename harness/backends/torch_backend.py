@@ -13,6 +13,7 @@ from harness.spec import catalog
 
 class TorchBackend:
     name = "torch"
+    whole_batch_twin: tuple[str, ...] = ()  # recipes whose twin runs the whole batch at once
     recipes = catalog.RECIPES_BY_BACKEND["torch"]
     # name fragments of quantized-tensor buffers the backend rebuilds lazily (on the next
     # forward / backward): a load may leave them absent; dcp_roundtrip then compares them
@@ -96,7 +97,7 @@ class TorchBackend:
         """The one-rank twin runs the whole global batch in one forward (not one micro-batch
         per data-parallel slice): where the recipe's scales come from the amax over the whole
         group, as the sharded run reduces them (distributed/single.py)."""
-        return False
+        return case.recipe in self.whole_batch_twin
 
     def isolated(self):
         """Around a run one rank makes alone inside a case (the FP32 reference, the one-rank

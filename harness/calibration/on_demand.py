@@ -88,9 +88,27 @@ def variants(case, seeds=SEEDS) -> list:
         for s in seeds]
 
 
+def train_only(case):
+    """``case`` without its reshard: the variants that measure its train phase's populations
+    (a reshard's known failure, or its own cost, never takes them with it)."""
+    axes = tuple((a, catalog.RESHARD_NONE if a == "reshard" else v) for a, v in case.axes)
+    return dataclasses.replace(case, axes=axes,
+                               checks=tuple(c for c in case.checks if c != "reshard"))
+
+
+def excluded(entries) -> frozenset:
+    """(check, quantity or None: all of it) the case's xfail entries say fail: a known bug is
+    never measured into a tolerance (its variants run with the same code)."""
+    return frozenset((f.check, f.quantity) for e in entries for f in e.fails
+                     if f.check in CHECKS)
+
+
 def history_rows(case, rows: list[dict], status: str, device: str, pg_backend: str,
-                 run_id: str) -> list[dict]:
-    """A variant's result rows as derive.measured reads history rows."""
+                 run_id: str, leave_out: frozenset = frozenset()) -> list[dict]:
+    """A variant's result rows as derive.measured reads history rows, less those of the
+    (check, quantity) pairs ``leave_out`` names (:func:`excluded`)."""
+    rows = [r for r in rows if (r["check"], None) not in leave_out
+            and (r["check"], r["quantity"]) not in leave_out]
     ax = dict(case.axes)
     base = dict(run_id=run_id, case_id=case.id, scenario=case.scenario, backend=case.backend,
                 device=device, recipe=case.recipe, mesh=ax["mesh"], module=ax["module"],

@@ -71,9 +71,11 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     # one rank per data-parallel slice (TP ranks of a slice share its batch)
     slices = {spec.dp_index(r): r for r in reversed(range(spec.world_size))}
     mesh = singleton_mesh(device_type, backend.mesh_names(case))
-    # a recipe whose scales come from the amax over the whole data-parallel group: one
-    # forward over the whole global batch, its loss scaled so that every gradient the backward
-    # makes has the size a rank's has (the sum of the slices' mean losses)
+    # a recipe whose scales come from the amax over the whole data-parallel group (TE
+    # DelayedScaling reduces its amaxes over the world each step; micro-batches would advance
+    # its amax histories once per slice): one forward over the whole global batch, its loss
+    # scaled so that every gradient the backward makes has the size a rank's has (the sum of
+    # the slices' mean losses)
     whole = backend.twin_whole_batch(case)
     runs = [(None, 0)] if whole else [(spec, rank) for _, rank in sorted(slices.items())]
     scale = float(len(slices)) if whole else 1.0

@@ -42,38 +42,47 @@ class OnDemand:
         self.measured = dict(self.packaged)  # packaged + cached + measured in this run
         self.refused: dict[tuple, str] = {}
         self.groups: dict[str, list] = {}  # group key -> its variants
-        self.case_group: dict[str, str] = {}  # case id -> group key
+        self.leave_out: dict[str, frozenset] = {}  # group key -> what its samples leave out
+        self.case_group: dict[str, list[str]] = {}  # case id -> its groups' keys
         self.done: dict[str, float] = {}  # group key -> seconds its variants took (this run)
         self.cached: set[str] = set()  # group keys found in the cache
-        self.rows: list[dict] = []  # the variants' rows (history form), written at the end
 
-    def _key(self, case, pg: str) -> str:
-        """The cache key of ``case``'s variants: configuration, population, versions."""
+    def _key(self, case, pg: str, leave_out: frozenset) -> str:
+        """The cache key of ``case``'s variants: configuration, population, versions, and the
+        known failures their samples leave out."""
         v = on_demand.variants(case, seeds=(0,))[0]
         text = json.dumps([v.scenario, v.backend, [a for a in v.axes if a[0] != "seed"],
                            v.checks, [list(w) for w in v.workarounds], self.hs.device, pg,
-                           self.versions], sort_keys=True, default=str)
+                           self.versions, sorted(map(str, leave_out))], sort_keys=True,
+                          default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
-    def plan(self, cases: list) -> list:
-        """The variants to run beside ``cases`` (none where every population is known)."""
+    def plan(self, cases: list[tuple]) -> list:
+        """The variants to run beside ``cases`` ((case, its xfail entries) pairs; none where
+        every population is known): a case's train-phase populations from variants without
+        its reshard, its reshard's from variants with it."""
         device = self.hs.device
-        for case in cases:
+        for case, entries in cases:
             pg, _ = self.hs.env.placement(case)
-            if not on_demand.missing(case, device, pg, self.measured):
+            miss = on_demand.missing(case, device, pg, self.measured)
+            if not miss:
                 continue
-            key = self._key(case, pg)
-            self.case_group[case.id] = key
-            if key in self.groups or key in self.cached:
-                continue
-            hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
-            if hit is not None:
-                self.measured.update(_decode(hit["taken"]))
-                self.refused.update({tuple(k): v for k, v in hit["refused"]})
-                self.cached.add(key)
-                continue
-            if self.mode != "off":
-                self.groups[key] = on_demand.variants(case)
+            leave_out = on_demand.excluded(entries)
+            bases = ([on_demand.train_only(case)] if any(c != "reshard" for c, _ in miss)
+                     else []) + ([case] if any(c == "reshard" for c, _ in miss) else [])
+            for base in bases:
+                key = self._key(base, pg, leave_out)
+                self.case_group.setdefault(case.id, []).append(key)
+                if key in self.groups or key in self.cached:
+                    continue
+                hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
+                if hit is not None:
+                    self.measured.update(_decode(hit["taken"]))
+                    self.refused.update({tuple(k): v for k, v in hit["refused"]})
+                    self.cached.add(key)
+                elif self.mode != "off":
+                    self.groups[key] = on_demand.variants(base)
+                    self.leave_out[key] = leave_out
         seen, out = set(), []
         for vs in self.groups.values():
             for v in vs:
@@ -89,8 +98,8 @@ class OnDemand:
             pg, _ = self.hs.env.placement(v)
             seconds += res.seconds or 0.0
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
-                                           self.hs.run_id)
-        self.rows += rows
+                                           self.hs.run_id, self.leave_out[key])
+        self._write(rows, key)
         taken, refused = on_demand.screen(on_demand.populations(rows), self.packaged)
         self.measured.update(taken)
         self.refused.update(refused)
@@ -105,9 +114,9 @@ class OnDemand:
         """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged."""
         if not any(r.get("outcome") == UNJUDGED for r in rows):
             return 0
-        key = self.case_group.get(case.id)
-        if key in self.groups and key not in self.done:
-            self._measure(key, scheduler)
+        for key in self.case_group.get(case.id, ()):
+            if key in self.groups and key not in self.done:
+                self._measure(key, scheduler)
         pg, _ = self.hs.env.placement(case)
         left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
         if left and self.mode == "off":
@@ -129,15 +138,13 @@ class OnDemand:
                        f"{len(self.cached)} configuration(s)")
         return out
 
-    def write(self, report_dir, run_id: str) -> str | None:
-        """The variants' rows as a history file under ``report_dir``/calibration/on_demand/
-        history -- where ``python -m harness calibrate`` reads them, to make them part of the
-        packaged calibration; the path, or None when nothing was measured."""
-        if not self.rows:
-            return None
+    def _write(self, rows: list[dict], key: str) -> None:
+        """The variants' rows as a history file under the report dir's calibration/on_demand/
+        history -- where ``python -m harness calibrate --history`` reads them, to make them
+        part of the packaged calibration."""
+        if not rows or not self.hs.record.write_reports:
+            return
         import pandas as pd
-        out = report_dir / "calibration" / "on_demand" / "history"
+        out = self.hs.record.report_dir / "calibration" / "on_demand" / "history"
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{run_id}{'-' + self.hs.worker_id if self.hs.worker_id else ''}.parquet"
-        pd.DataFrame(self.rows).to_parquet(path)
-        return str(path)
+        pd.DataFrame(rows).to_parquet(out / f"{self.hs.run_id}-{key}.parquet")

@@ -131,13 +131,13 @@ class HarnessSession:
         if not items:
             pytest.exit(self.selection.zero_cases(*(self.config.getoption(o) for o in (
                 "world_size", "keyword", "markexpr"))), returncode=pytest.ExitCode.USAGE_ERROR)
-        runnable = [i.case for i in items if not i.skip_reason]
+        runnable = [(i.case, i.entries) for i in items if not i.skip_reason]
         if self.config.getoption("collectonly") or not runnable:
             return
-        self.on_demand = OnDemand(self)
-        variants = self.on_demand.plan(runnable)  # calibration the cases need, run beside them
+        self.on_demand = OnDemand(self)  # calibration the cases need, run beside them
         self.execution = Execution.for_run(self)
-        self.execution.start(runnable + variants, per_scope=self.worker_id is not None)
+        self.execution.start([c for c, _ in runnable] + self.on_demand.plan(runnable),
+                             per_scope=self.worker_id is not None)
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
 
@@ -155,40 +155,40 @@ class HarnessSession:
             try:
                 if self.execution is not None:  # the lanes end (bounded) and record themselves
                     self.execution.shutdown(self.config, self.device)
-                if self.on_demand is not None and self.record.write_reports:
-                    self.on_demand.write(self.record.report_dir, self.run_id)
                 if self.worker_id is None:  # xdist workers: the controller writes the report
-                    self._finish(exitstatus)
+                    _finish(self, exitstatus)
                 elif hasattr(self.config, "workeroutput"):
                     self.config.workeroutput["harness_launch_records"] = \
                         self.record.pop_launch_records()
             finally:
                 if self.execution is not None:
                     self.execution.cleanup(self.config.getoption("keep_work"))
-        if self.record.report_error and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run's record is lost
-        if self.record.unjudged() and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # unjudged quantities: not green
-
-    def _finish(self, exitstatus) -> None:
-        rec = self.record
-        stopped = exitstatus == pytest.ExitCode.INTERRUPTED  # Ctrl-C / SIGTERM
-        rec.launch_records += rec.pop_launch_records()  # launches that ended after the reports
-        if stopped:
-            for cid, outcome, info in interrupted.unfinished(self, rec.collected):
-                rec.collected[cid] = (outcome, info)
-        if rec.collected and rec.write_reports:
-            meta = results.run_meta(self.root, self.device, self.backend, self.env.describe())
-            # fork / fresh: how the ranks started; the tasks with the last run's seconds
-            meta.update(execution_meta(self, rec.launch_records))
-            meta["rank_env"] = self.env.rank_env()
-            rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
-        if stopped or not rec.collected:
-            return
-        self.xfails.warn_stale(rec.collected, self.backend)
+        if (self.record.report_error or self.record.unjudged()) \
+                and session.exitstatus == pytest.ExitCode.OK:  # record lost, or not green
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.record.collected and self.worker_id is None:
             self.record.terminal_summary(terminalreporter, self.selection.backend_note)
         for line in self.on_demand.summary() if self.on_demand is not None else ():
             terminalreporter.write_line(line)
+
+
+def _finish(hs, exitstatus) -> None:
+    """The controller's end of a run: unfinished cases recorded as interrupted, the run's
+    history and meta written, stale registry entries warned of."""
+    rec = hs.record
+    stopped = exitstatus == pytest.ExitCode.INTERRUPTED  # Ctrl-C / SIGTERM
+    rec.launch_records += rec.pop_launch_records()  # launches that ended after the reports
+    if stopped:
+        for cid, outcome, info in interrupted.unfinished(hs, rec.collected):
+            rec.collected[cid] = (outcome, info)
+    if rec.collected and rec.write_reports:
+        meta = results.run_meta(hs.root, hs.device, hs.backend, hs.env.describe())
+        # fork / fresh: how the ranks started; the tasks with the last run's seconds
+        meta.update(execution_meta(hs, rec.launch_records))
+        meta["rank_env"] = hs.env.rank_env()
+        rec.write(hs.run_id, meta, list(hs.selection.paths), hs.xfails.path)
+    if stopped or not rec.collected:
+        return
+    hs.xfails.warn_stale(rec.collected, hs.backend)

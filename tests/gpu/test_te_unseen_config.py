@@ -1,0 +1,50 @@
+"""Real TE at a configuration no calibration ran (tests/scenarios/te_unseen_config.yaml: hidden
+512, seq 16, batch 16, 5 steps at lr 5e-3, seed 77; bf16 / delayed / current / block on dp2, dp4,
+dp2xtp2): populations measured on demand judge it. Every clean case passes; a 1.5x learning
+rate fails everywhere; gradients reduced in bf16 fail wherever a one-rank twin stands for the
+case (calibration/twin.py says where none can). Skips without CUDA and TE."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from harness.calibration import twin
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+
+SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "te_unseen_config.yaml"
+
+
+ROOT = SCENARIO.parents[2]
+
+
+def test_an_unseen_configuration_is_judged_by_its_own_populations(require_te, tmp_path):
+    require_te(SCENARIO)
+    cases = expand(load_scenario(SCENARIO), "te")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q",
+                           "--scenario", str(SCENARIO), "--backend", "te", "--report-dir",
+                           str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500, env=env)
+    out = proc.stdout + proc.stderr
+    files = list((tmp_path / "history").glob("*.parquet"))
+    assert files, out[-3000:]
+    history = pd.read_parquet(files[0])
+    outcome = history.groupby("case_id")["case_outcome"].first().to_dict()
+    ran = {c.id: c for c in cases if outcome.get(c.id) not in (None, "skipped")}
+    assert ran, out[-3000:]
+    rows = history[history["metric"].isin(["max_abs", "rel_l2"])]
+    assert not (rows["row_outcome"] == "unjudged").any() and "tol nan" not in out
+    for cid, c in ran.items():
+        fault = c.ax["fault"]
+        if fault == "none" or fault == "lr_scale_1.5":
+            assert outcome[cid] == ("passed" if fault == "none" else "failed"), cid
+        elif twin.not_applicable(c, "te", "cuda") is None:
+            bad = rows[(rows["case_id"] == cid) & (rows["row_outcome"] == "fail")]
+            assert "sharding_invariance" in set(bad["check"]), cid
+    twinned = [c for c in ran.values() if c.ax["fault"] == "grads_bf16_before_reduce"
+               and twin.not_applicable(c, "te", "cuda") is None]
+    assert {c.recipe for c in twinned} >= {"bf16", "current", "delayed"}
