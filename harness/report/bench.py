@@ -20,10 +20,10 @@ reads that run's history and launch records and prints:
   one value every 2 s -- whether the cores were the limit, and when (the whole TE matrix on one
   GPU: 90-100% while its 4- and 8-rank launches run, docs/performance.md).
 
-``--out DIR`` (default: ``bench/`` in the results store, harness/results/store.py) gets ``<label>.json`` with all of it. pytest runs with
-its cache, as a user's run does: the scheduler weighs the tasks by their seconds in the last run
-on this checkout where the cache has them (the JSON's ``task_seconds_known``); ``--no-cache``
-runs without.
+``--out DIR`` (default: ``bench/`` in the results store, harness/results/store.py) gets
+``<label>.json`` with all of it. pytest runs with its cache, as a user's run does: the scheduler
+weighs the tasks by their seconds in the last run on this checkout where the cache has them (the
+JSON's ``task_seconds_known``); ``--no-cache`` runs without.
 """
 
 from __future__ import annotations
