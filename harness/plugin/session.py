@@ -63,10 +63,8 @@ class HarnessSession:
         winput = getattr(config, "workerinput", None)
         self.worker_id = winput["workerid"] if winput else None
         self.run_id = (winput.get("harness_run_id") if winput else None) or results.new_run_id()
-        rd = config.getoption("report_dir")
         # absolute: launches run with their own working directory
-        report_dir = (here / Path(rd).expanduser() if rd
-                      else store.default_store(root, here)).resolve()
+        report_dir = store.run_store(config.getoption("report_dir"), root, here).resolve()
         if not config.getoption("collectonly") and self.worker_id is None:
             options.check_dirs(report_dir, config.getoption("work_dir"))  # room, access
             leftovers.sweep(config, config.getoption("work_dir"))  # what killed runs left

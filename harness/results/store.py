@@ -32,11 +32,11 @@ def store_dir(given: str | os.PathLike | None = None, base: Path | None = None) 
     return path if path.is_absolute() or base is None else base / path
 
 
-def default_store(root: Path, here: Path) -> Path:
-    """A pytest run's store without ``--report-dir``: ``$HARNESS_RESULTS`` (relative to the
-    invocation directory ``here``), else ``<root>/reports``."""
-    env = os.environ.get(ENV)
-    return (here / Path(env).expanduser()) if env else root / DEFAULT
+def run_store(given: str | None, root: Path, here: Path) -> Path:
+    """A pytest run's store: ``--report-dir`` (``given``), else ``$HARNESS_RESULTS`` -- either
+    relative to the invocation directory ``here`` -- else ``<root>/reports``."""
+    chosen = given or os.environ.get(ENV)
+    return here / Path(chosen).expanduser() if chosen else root / DEFAULT
 
 
 def history_dir(store: Path) -> Path:

@@ -21,10 +21,11 @@ def test_store_is_the_given_dir_else_the_env_var_else_reports(tmp_path, monkeypa
     monkeypatch.delenv(store.ENV, raising=False)
     assert store.store_dir() == Path("reports")
     assert store.store_dir(base=tmp_path) == tmp_path / "reports"
-    assert store.default_store(tmp_path / "root", tmp_path) == tmp_path / "root" / "reports"
+    assert store.run_store(None, tmp_path / "root", tmp_path) == tmp_path / "root" / "reports"
     monkeypatch.setenv(store.ENV, "runs/store")
     assert store.store_dir(base=tmp_path) == tmp_path / "runs" / "store"
-    assert store.default_store(tmp_path / "root", tmp_path) == tmp_path / "runs" / "store"
+    assert store.run_store(None, tmp_path / "root", tmp_path) == tmp_path / "runs" / "store"
+    assert store.run_store("mine", tmp_path / "root", tmp_path) == tmp_path / "mine"
     assert store.store_dir(tmp_path / "given") == tmp_path / "given"  # given wins
     monkeypatch.setenv(store.ENV, "~/results")
     assert store.store_dir() == Path.home() / "results"
