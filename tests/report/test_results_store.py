@@ -92,3 +92,13 @@ def test_clean_checkout_renders_dashboard_and_drift_from_a_store(tmp_path):
     assert dr.returncode == 0, dr.stdout + dr.stderr
     assert "0 flagged" in dr.stdout
     assert _listing(clone) == before, sorted(map(str, _listing(clone) - before))
+
+
+def test_no_results_are_tracked_and_a_clone_stays_small():
+    """Only calibration runs (read by ``python -m harness calibrate``) are tracked under
+    reports/; the tracked files of a fresh clone stay under 5 MB."""
+    files = _tracked_files()
+    assert [f for f in files if f.startswith("reports/")
+            and not f.startswith("reports/calibration/")] == []
+    size = sum((ROOT / f).stat().st_size for f in files)
+    assert size < 5_000_000, f"tracked files: {size / 1e6:.1f} MB"
