@@ -1,7 +1,8 @@
-"""``python -m harness COMMAND``: tools over the results history (``reports/history``).
+"""``python -m harness COMMAND``: tools over a results store's history (``--store DIR``,
+``$HARNESS_RESULTS``, else ``reports/``: harness/results/store.py).
 
-    python -m harness report  [--history DIR] [--out FILE]     # self-contained HTML report
-    python -m harness drift   [--history DIR] [--fail-on-drift] # tolerance drift, for CI
+    python -m harness report  [--store DIR] [--out FILE]       # self-contained HTML report
+    python -m harness drift   [--store DIR] [--fail-on-drift]   # tolerance drift, for CI
     python -m harness goldens [--history DIR] [--goldens DIR] [--update-goldens]
     python -m harness calibrate [--run] [--history DIR]         # measured errors -> tolerances
     python -m harness bench --label NAME -- PYTEST_ARGS        # where the time goes

@@ -1,6 +1,11 @@
+import os
 from pathlib import Path
 
 import pytest
+
+# The tests choose their results stores themselves (--report-dir, --store, tmp dirs): a user's
+# $HARNESS_RESULTS must not redirect the runs they start and read back.
+os.environ.pop("HARNESS_RESULTS", None)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"

@@ -22,7 +22,7 @@ PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.p
 # processes), the task model (tasks, task_graph, case_result), placement, inductor_cache
 # 1500 before the rank server (issue 32: +427 lines for forked agents and ranks, kept with a
 # measured gain on the one-GPU TE matrix; +22 and the 176 of worker/stager_fork.py for DCP's
-# stagers forked from it, kept with +16% on the 2-rank TE matrix: reports/bench/README.md;
+# stagers forked from it, kept with +16% on the 2-rank TE matrix: a9e4b78:reports/bench/README.md;
 # +15 to record launches whose ranks fell back to fresh Pythons, launch_dir.started_fresh;
 # +18: the server's preload without collections and RankServer.close, kept with pytest's own
 # collector pause for +11% on the 2-rank TE matrix; +6: a launch per module of a world size's

@@ -1,6 +1,6 @@
 """``python -m harness bench`` (harness/report/bench.py): the host's CPU busy share it reports
--- the measure that showed the whole TE matrix on one GPU CPU-bound (reports/bench/README.md) --
-and a real benchmark run of one case."""
+-- the measure that showed the whole TE matrix on one GPU CPU-bound
+(a9e4b78:reports/bench/README.md) -- and a real benchmark run of one case."""
 
 import json
 import subprocess
@@ -97,8 +97,8 @@ def test_a_train_phase_cases_share_counts_once_in_the_units():
 
 def test_a_run_with_failures_is_not_a_benchmark_figure():
     """A run whose cases crashed early reported 1,091 checked cases per GPU-minute (forked
-    ranks that could not use CUDA, reports/bench/h200x1-te-i32-server-c1-allfork1.json): such
-    a figure is printed marked and written with valid false."""
+    ranks that could not use CUDA,
+    a9e4b78:reports/bench/h200x1-te-i32-server-c1-allfork1.json): such a figure is printed marked and written with valid false."""
     s = {"cases": 2, "outcomes": {"failed": 2}, "wall_s": 1.0, "launches": 1, "gpus": 1,
          "checked": 2, "checked_per_gpu_minute": 120.0, "gpu_busy_share": 0.0,
          "checked_per_minute": 120.0, "launch_overhead_share": 0.5, "launch_phases_s": {},

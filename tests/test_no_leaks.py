@@ -224,7 +224,7 @@ def test_a_unit_raising_on_one_rank_before_the_mesh_exists_is_recorded(tmp_path)
 def test_a_task_makes_its_phase_s_mesh_before_any_unit(monkeypatch, tmp_path):
     """The order the test above needs, on any torch: where new_group connects lazily (torch
     2.13) that test passes either way; torch 2.11 waited there
-    (reports/gpu/h100x1-te2.20.2-mesh-first)."""
+    (a9e4b78:reports/gpu/h100x1-te2.20.2-mesh-first)."""
     import torch.distributed as dist
 
     from harness.worker import main, runner

@@ -163,7 +163,7 @@ def test_a_costly_module_gets_a_lane_more_where_the_ranks_fit_the_cores(monkeypa
     has a core: the 2-rank TE matrix on 16 cores gets a sixth lane for TransformerLayer (12
     ranks), the whole 2/4/8-rank matrix (42 ranks) none; no seconds, no extra lane
     (harness/launch/lane_choice.py)."""
-    # seconds of the recorded 2-rank TE run on one H100 (reports/bench, fifteenth session)
+    # seconds of the recorded 2-rank TE run on one H100 (a9e4b78:reports/bench, fifteenth session)
     per_task = {"Linear": 0.23, "LayerNormLinear": 0.36, "LayerNormMLP": 0.6,
                 "MultiheadAttention": 0.53, "TransformerLayer": 1.2}
     from harness.launch.lane_choice import _extra

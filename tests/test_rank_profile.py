@@ -1,7 +1,7 @@
 """What the environment tells a rank about its run, on a real one-case run (one launch, two
-ranks): ``HARNESS_PROFILE_DIR`` (reports/bench/README.md, "Where the CPU goes") -- every rank
-writes a cProfile of its run and its CPU seconds beside it, so a benchmark can say how much of
-the host's cores the ranks used, not only how long they took; ``HARNESS_NICE``
+ranks): ``HARNESS_PROFILE_DIR`` (a9e4b78:reports/bench/README.md, "Where the CPU goes") --
+every rank writes a cProfile of its run and its CPU seconds beside it, so a benchmark can say
+how much of the host's cores the ranks used, not only how long they took; ``HARNESS_NICE``
 (launch/placement.py cpu_priority) -- the rank runs at that nice value and records it."""
 
 import json

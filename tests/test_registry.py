@@ -200,7 +200,7 @@ ENTRY = "  - match: {recipe: bf16}\n    fails: {check: train}\n    reason: r\n"
     ("entries:\n  - match: {recipe: bf16, recipe: fp32}\n    fails: {check: train}\n"
      "    reason: r\n", "line 2: duplicate key 'recipe'"),
     ("entries:\n" + ENTRY + ENTRY + "    why: x\n",
-     "line 8: entries[1] (entry 2): unknown field 'why'; allowed: capability, fails, link, match"),
+     "line 8: entries[1] (entry 2): unknown field 'why'; allowed: capability, evidence, fails, link, match"),
     ("entries:\n" + ENTRY + "entires: []\n", "line 5: unknown top-level key 'entires'"),
     ("entries:\n" + ENTRY.replace("{check: train}", "{check: train, up_to: {max_abs: 1e-3}}"),
      "line 3: entries[0] (entry 1).fails.up_to.max_abs: must be a number >= 0, not '1e-3' "

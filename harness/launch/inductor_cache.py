@@ -14,7 +14,7 @@ unchanged.
 compile worker processes (as many as the host has cores, each importing torch) for a handful
 of tiny kernels, while the ranks of several launches share those cores. The kernels are the
 same either way; on 1x H200 (16 cores, warm cache) 16 threads measured no different from 1
-(reports/bench/README.md).
+(a9e4b78:reports/bench/README.md).
 
 Whether the user chose is read from the environment as this module was imported (with the
 plugin, before anything imports torch): importing ``torch._dynamo`` writes Inductor's default

@@ -87,7 +87,7 @@ def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0,
     lane on its modules (``scheduler.affinity``): with a lane per module every module's cases
     start at once and none is first used in a second lane. The 2-rank TE matrix's 5 modules
     on one H100, three alternating pairs in each of two calls: 5 lanes +16% / +13% checked
-    cases per GPU-minute against 4, 6 lanes +7.5%; the whole matrix even (reports/bench)."""
+    cases per GPU-minute against 4, 6 lanes +7.5%; the whole matrix even (a9e4b78:reports/bench)."""
     wanted = max(launches_per_gpu, modules + extra if modules else 0)
     return max(1, min(wanted, MAX_RANKS_PER_GPU // p.ranks_per_gpu))
 

@@ -42,8 +42,10 @@ def pytest_addoption(parser):
     g.addoption("--xfail-registry", default=None, metavar="FILE",
                 help="known-failure registry (default: <scenario-dir>/xfails.yaml)")
     g.addoption("--report-dir", default=None, metavar="DIR",
-                help="where run reports go (default: <rootdir>/reports)")
-    g.addoption("--no-report", action="store_true", help="do not write reports/")
+                help="the results store this run writes to (default: $HARNESS_RESULTS, else "
+                     "<rootdir>/reports)")
+    g.addoption("--no-report", action="store_true",
+                help="do not write history / summary to the results store")
     g.addoption("--case-timeout", type=float, default=None, metavar="S",
                 help="override every scenario's per-case timeout_s")
     g.addoption("--keep-work", action="store_true",
@@ -55,7 +57,7 @@ def pytest_addoption(parser):
     g.addoption("--launches-per-gpu", type=int, default=None, metavar="N",
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
                      "default 4, measured best on 2x H200, or one per module of a world "
-                     "size's cases where more: reports/bench); 1 = one launch per GPU slice")
+                     "size's cases where more: docs/performance.md); 1 = one launch per GPU slice")
     g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
                 help="fork: every launch's agent and ranks fork from one process of the run "
                      "that imported torch, the worker and the backend while pytest collected "

@@ -6,8 +6,8 @@ summary) and ``items`` (the pytest nodes) -- and holds the hooks that need the r
 
 Running: at collection's end the :class:`Scheduler` starts a lane per world size and GPU slot;
 each item then waits for its own result. Rows travel on the test report (``report.harness``),
-so with xdist the controller gets them too; at session end they are written to ``reports/``
-and summarized in the terminal.
+so with xdist the controller gets them too; at session end they are written to the results
+store (``harness/results/store.py``) and summarized in the terminal.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from harness.plugin.items import CaseItem, of_world_size
 from harness.plugin.on_demand import OnDemand
 from harness.plugin.registry_match import RegistryMatch
 from harness.plugin.selection import ScenarioSelection, project_root
+from harness.results import store
 from harness.results import write as results
 from harness.results.run_record import RunRecord
 from harness.spec.matrix import Case
@@ -63,9 +64,8 @@ class HarnessSession:
         winput = getattr(config, "workerinput", None)
         self.worker_id = winput["workerid"] if winput else None
         self.run_id = (winput.get("harness_run_id") if winput else None) or results.new_run_id()
-        rd = config.getoption("report_dir")
         # absolute: launches run with their own working directory
-        report_dir = (here / Path(rd).expanduser() if rd else root / "reports").resolve()
+        report_dir = store.run_store(config.getoption("report_dir"), root, here).resolve()
         if not config.getoption("collectonly") and self.worker_id is None:
             options.check_dirs(report_dir, config.getoption("work_dir"))  # room, access
             leftovers.sweep(config, config.getoption("work_dir"))  # what killed runs left

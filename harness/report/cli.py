@@ -14,9 +14,8 @@ from pathlib import Path
 from harness.report import drift as drift_mod
 from harness.report import goldens as goldens_mod
 from harness.report import history as history_mod
+from harness.results import store as store_mod
 
-DEFAULT_HISTORY = Path("reports/history")
-DEFAULT_OUT = Path("reports/report.html")
 DEFAULT_GOLDENS = Path("goldens")
 
 DRIFT_EPILOG = """\
@@ -48,8 +47,17 @@ def _positive_float(s: str) -> float:
 
 
 def _history_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--history", type=Path, default=DEFAULT_HISTORY, metavar="DIR",
-                   help="directory of <run_id>.parquet files (default: %(default)s)")
+    p.add_argument("--store", type=Path, default=None, metavar="DIR",
+                   help=f"the results store to read (default: ${store_mod.ENV}, else "
+                        f"{store_mod.DEFAULT}); its history is DIR/history")
+    p.add_argument("--history", type=Path, default=None, metavar="DIR",
+                   help="directory of <run_id>.parquet files (default: the store's history)")
+
+
+def history_path(args) -> Path:
+    """``--history``, else the history of the results store (``--store``, $HARNESS_RESULTS,
+    reports/)."""
+    return args.history or store_mod.history_dir(store_mod.store_dir(args.store))
 
 
 def _drift_args(p: argparse.ArgumentParser) -> None:
@@ -89,8 +97,8 @@ def load_history(path: Path) -> history_mod.History | None:
 # ---- report ----
 def report_args(p):
     _history_arg(p)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FILE",
-                   help="the HTML file to write (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="the HTML file to write (default: report.html in the results store)")
     p.add_argument("--registry", type=Path, default=None, metavar="FILE",
                    help="xfail registry for the ledger (default: the one the latest run used, "
                         "else scenarios/xfails.yaml)")
@@ -100,16 +108,17 @@ def report_args(p):
 
 def report(args) -> int:
     from harness.report import html
-    h = load_history(args.history)
+    h = load_history(history_path(args))
     if h is None:
         return 2
+    out = args.out or store_mod.store_dir(args.store) / "report.html"
     reg = args.registry if args.registry is not None else html.default_registry(h)
     text = html.render(h, _config(args), reg, title=args.title)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
+    tmp.replace(out)
+    print(f"wrote {out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
           f"{h.latest['run_id']}" + (f"; skipped {len(h.problems)} file(s)" if h.problems else ""))
     return 0
 
@@ -125,7 +134,7 @@ def drift_cmd_args(p):
 
 
 def drift(args) -> int:
-    h = load_history(args.history)
+    h = load_history(history_path(args))
     if h is None:
         return 2
     cfg = _config(args)
@@ -167,7 +176,7 @@ def goldens_args(p):
 
 
 def goldens(args) -> int:
-    h = load_history(args.history)
+    h = load_history(history_path(args))
     if h is None:
         return 2
     try:

@@ -1,4 +1,4 @@
-"""Load and validate a results history: ``reports/history/*.parquet``, one file per run.
+"""Load and validate a results history: ``<store>/history/*.parquet``, one file per run.
 
 Merging runs from several CI machines is copying their files into one directory. Every file is
 validated before it is used; a file that is corrupt, foreign (not written by

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository (scenarios/ is besi
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--history", action="append", required=True, metavar="DIR",
-                   help="a history directory (reports/history, or a committed one such as "
-                        "reports/gpu/<run>/history); repeat for several")
+                   help="a history directory (a results store's DIR/history, e.g. "
+                        "reports/history); repeat for several")
     p.add_argument("--registry", default=str(ROOT / "scenarios" / "xfails.yaml"), metavar="FILE")
     p.add_argument("--tolerances", action="store_true",
                    help="also judge the calibrated quantities against today's tolerances "

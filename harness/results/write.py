@@ -1,4 +1,4 @@
-"""Result rows of a run -> pandas -> ``reports/history/<run>.parquet`` + a per-run CSV summary.
+"""Result rows of a run -> pandas -> ``<store>/history/<run>.parquet`` + a per-run CSV summary.
 
 One row per (case, phase, check, quantity, metric) plus one ``check == "case"`` row per case
 carrying its pytest outcome and duration. Run metadata (versions, git sha, device, date, launch

@@ -18,6 +18,7 @@ compute capability, names exactly how the cases fail, and says why and where tha
         workaround: load_without_extra_state  # optional, see harness/worker/workarounds.py
         reason: FusedAdam keeps optimizer states as plain tensors
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
+        evidence: [<commit>:reports/gpu/<run>]   # optional: recorded runs, in git history
 
 ``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
 ``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
@@ -38,6 +39,9 @@ can a failure that did not measure the metric (an error, a toleranced comparison
 from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
 only when each is > X, and a strict one must happen that large: a second bug on top of a known
 failure of the same quantity. Two failures with disjoint sizes do not overlap.
+``evidence`` names recorded runs the entry's measurements come from as ``<commit>:<path>`` --
+results are not kept in the tree, so each stays reachable with ``git show <commit>:<path>``
+(tests/test_registry_evidence.py resolves every one).
 Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
 recipe the GPU cannot run) are skips decided by the backend, never entries here.
 """
@@ -56,7 +60,9 @@ from harness.spec.matrix import Case
 
 CASE_KEYS = ("scenario", "backend", "device")
 CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
-ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link"}
+ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link",
+              "evidence"}
+EVIDENCE = re.compile(r"[0-9a-f]{7,40}:[^\s:]+")  # <commit>:<path> (git show's form)
 FAILURE_KEYS = {"check", "quantity", "message", "strict", "up_to", "beyond"}
 SIZE_METRICS = ("max_abs", "rel_l2", "n_diff")
 
@@ -145,6 +151,7 @@ class Entry:
     versions: dict[str, SpecifierSet] = field(default_factory=dict)
     capability: SpecifierSet | None = None
     workaround: str | None = None
+    evidence: tuple[str, ...] = ()  # <commit>:<path> of recorded runs
 
     @property
     def label(self) -> str:

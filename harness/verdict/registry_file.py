@@ -25,6 +25,7 @@ from harness.spec.base import number_hint
 from harness.verdict.registry import (
     CASE_KEYS,
     ENTRY_KEYS,
+    EVIDENCE,
     FAILURE_KEYS,
     SIZE_METRICS,
     Entry,
@@ -147,7 +148,18 @@ def _entry(f: _File, n: int, item, allowed: set[str]) -> Entry:
         fails=fails, link=str(item.get("link", "")), versions=versions,
         capability=(_spec(f, at + ("capability",), f"{where}.capability", cap)
                     if cap is not None else None),
-        workaround=workaround)
+        workaround=workaround, evidence=_evidence(f, at + ("evidence",), f"{where}.evidence",
+                                                  item.get("evidence")))
+
+
+def _evidence(f: _File, keys: tuple, where: str, raw) -> tuple[str, ...]:
+    """``evidence``: one ``<commit>:<path>`` or a list of them (recorded runs in git history)."""
+    items = [] if raw is None else raw if isinstance(raw, list) else [raw]
+    for x in items:
+        if not isinstance(x, str) or not EVIDENCE.fullmatch(x):
+            raise f.error(keys, f"{where}: {x!r} is not <commit>:<path> (a recorded run in git "
+                                f"history, e.g. a9e4b78:reports/gpu/<run>)")
+    return tuple(items)
 
 
 def _spec(f: _File, keys: tuple, where: str, text) -> SpecifierSet:

@@ -2,8 +2,8 @@
 
 Runs a few TE cases with every rank on a shared GPU over gloo (``--gpu-share always``), as a
 user would (pytest with the plugin, in a subprocess), and compares them with the committed
-shared run of the same cases (reports/gpu/h100x1-te2.20.2-invariance, one H100, the whole
-matrix with the current_scale_group workaround): each case's
+shared run of the same cases (tests/fixtures/gpu/h100x1-te2.20.2-invariance: those cases' rows
+of a whole-matrix run on one H100 with the current_scale_group workaround): each case's
 outcome and -- where this GPU is the recorded one's model and TE the recorded version -- each
 check's element counts exactly and its other measurements and the losses closely. The cases are
 bf16 and Float8CurrentScaling; a 4-rank TP case through the #2713 port is among them.
@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "reports" / "gpu" / "h100x1-te2.20.2-invariance"
+RECORDED = ROOT / "tests" / "fixtures" / "gpu" / "h100x1-te2.20.2-invariance"
 RECORDED_RUN = "20261125T205134-02617-4bf33e48d1d2"
 CASES = ["bf16-dp2-Linear-sync-none", "current-dp2-LayerNormMLP-sync-to_hsdp2x1",
          "current-dp2-Linear-async_thread-none", "current-dp2xtp2-LayerNormMLP-sync-none"]

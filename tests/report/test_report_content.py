@@ -1,7 +1,7 @@
 """The report shows the same content as the golden extracts under tests/report/golden/.
 
 The goldens were taken with the f-string renderer that preceded the templates, from the committed
-GPU history (reports/gpu/2xh200-te2.20.2/history, with a frozen copy of the xfail registry those
+GPU history (tests/fixtures/gpu/2xh200-te2.20.2/history, with a frozen copy of the xfail registry those
 runs used) and from the synthetic rich history (with a frozen copy of its registry: the ledger
 shows entry line numbers). Each compares, per section: heading, visible text tokens (in order and
 sorted), tooltips and in-page links; plus the navigation and every anchor id.
@@ -24,7 +24,7 @@ from harness.report import drift, history, html
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
-GPU_HISTORY = HERE.parents[1] / "reports" / "gpu" / "2xh200-te2.20.2" / "history"
+GPU_HISTORY = HERE.parent / "fixtures" / "gpu" / "2xh200-te2.20.2" / "history"
 NEW_SECTIONS = ("coverage",)
 
 
