@@ -22,6 +22,7 @@ from harness.plugin.session import HarnessSession
 from harness.spec import catalog
 from harness.spec.scenario import ScenarioError
 from harness.verdict import registry
+from harness.verdict.judge import XPASSED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,6 +130,10 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if isinstance(item, CaseItem) and (call.when == "call" or (call.when == "setup" and report.skipped)):
         report.harness = item.info()  # plain data: survives xdist's report serialization
+        if report.failed and item.verdict is not None and item.verdict.outcome == XPASSED:
+            # pytest says "[XPASS(strict)] <the marker's one-line reason>"; the verdict adds
+            # which failures each entry expected and which entry to remove
+            report.longrepr = f"{report.longrepr}\n{item.verdict.message}"
     return report
 
 
