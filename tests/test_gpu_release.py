@@ -1,4 +1,4 @@
-"""The GPU-memory release check after a launch (harness/gpu.py): parsing nvidia-smi, the
+"""The GPU-memory release check after a launch (harness/launch/gpu.py): parsing nvidia-smi, the
 bounded wait, and the launcher recording what is still held -- on CPU, with a fake query."""
 
 import subprocess

@@ -1,7 +1,7 @@
-"""The scheduler's lanes (harness/scheduler.py) with a fake launcher: one long-lived launch per
-world size and slot, fed as tasks become ready; reshard tasks after their train task; at most
-``concurrency`` busy lanes; a crash re-launches only what was left; a train task that made no
-checkpoint resolves its reshard task as not run. Fast and deterministic: no processes."""
+"""The scheduler's lanes (harness/launch/scheduler.py) with a fake launcher: one long-lived
+launch per world size and slot, fed as tasks become ready; reshard tasks after their train task;
+at most ``concurrency`` busy lanes; a crash re-launches only what was left; a train task that
+made no checkpoint resolves its reshard task as not run. Fast and deterministic: no processes."""
 
 import threading
 import time

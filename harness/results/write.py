@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from harness.spec import catalog
 
 if TYPE_CHECKING:  # pandas / pyarrow load when a run's rows are written (not at plugin import:
-    import pandas as pd  # early launches start before them, harness/early_launches.py)
+    import pandas as pd  # the rank server starts while pytest collects, launch/rank_server.py)
 
 SCHEMA_VERSION = 2  # 2: coverage rows (metric 'coverage', one per case and unit)
 META_KEY = b"harness"
