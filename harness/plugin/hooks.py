@@ -55,8 +55,8 @@ def pytest_addoption(parser):
                 help="only cases whose largest world size is N (shard a nightly run by GPUs)")
     g.addoption("--launches-per-gpu", type=int, default=None, metavar="N",
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
-                     "default 4, measured best on 2x H200, or one per module of a world "
-                     "size's cases where more: reports/bench); 1 = one launch per GPU slice")
+                     "default 4, or one per module of a world size's cases where more); "
+                     "1 = one launch per GPU slice")
     g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
                 help="fork: every launch's agent and ranks fork from one process of the run "
                      "that imported torch, the worker and the backend while pytest collected "

@@ -17,8 +17,7 @@ reads that run's history and launch records and prints:
   cases share counted once), total and per case;
 * the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs;
 * the host's CPUs' busy share (``/proc/stat``, where there is one): the mean over the run and
-  one value every 2 s -- whether the cores were the limit, and when (the whole TE matrix on one
-  GPU: 90-100% while its 4- and 8-rank launches run, reports/bench/README.md).
+  one value every 2 s -- whether the cores were the limit, and when.
 
 ``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it. pytest runs with
 its cache, as a user's run does: the scheduler weighs the tasks by their seconds in the last run
