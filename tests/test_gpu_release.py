@@ -8,7 +8,7 @@ import types
 from harness.launch import gpu, procs
 from harness.launch.ending import end_processes
 
-# the format nvidia-smi prints (seen on 2x H200: "680, 1030" for a process holding 1 GiB)
+# the format nvidia-smi prints ("pid, MiB" a line, e.g. "680, 1030" for a process holding 1 GiB)
 SMI = """\
 12345, 1024
 12345, 512
