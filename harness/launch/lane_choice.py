@@ -27,8 +27,8 @@ def kind(case: Case) -> tuple:
 def affinity(ran: set, case: Case, left: Counter, others: list[set]) -> tuple:
     """The key of ``case`` for a lane that ran the (module, recipe) pairs ``ran`` while the
     other lanes of its key ran ``others`` (the smallest is taken). First a module it ran; there
-    async_process saves last (their stagers start with the launch: 10-17 s under the whole TE
-    matrix's load, the first such save waited), and a recipe it ran before one no other lane
+    async_process saves last (their stagers start with the launch and take seconds under load:
+    a save taken early would wait for them), and a recipe it ran before one no other lane
     ran before one another lane runs. Else a module no lane of its key ran yet. Else it takes
     over the module with the most work left (``left``: expected seconds of its ready tasks) per
     lane that runs it -- a recipe no lane ran first (two lanes of one module split its recipes)."""
