@@ -133,9 +133,9 @@ def test_a_launch_s_wait_for_a_task_that_never_came_is_not_its_teardown(tmp_path
 
 
 def test_a_gpu_rank_s_cuda_context_is_a_phase_of_its_own(tmp_path):
-    """Ranks sharing a GPU make their CUDA contexts together in the driver, ~0.13 s each (one
-    H100: 0.12 s alone, 1.5-1.7 s for 12 at once): that wait is ``cuda_context``, not the
-    process groups' (which form in ~0.03 s), and it counts as launch overhead, not task time."""
+    """Ranks sharing a GPU make their CUDA contexts one after another in the driver: that wait
+    is ``cuda_context``, not the process groups', and it counts as launch overhead, not task
+    time."""
     from harness.launch.launch_dir import phases
     from harness.launch.tasks import task_wall
     (tmp_path / "progress").mkdir()

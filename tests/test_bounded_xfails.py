@@ -1,6 +1,6 @@
 """Sized xfails: a registered failure explains a comparison only up to the size it names
 (``up_to``), so a known failure cannot hide a larger one; ``beyond`` names a bug on top of it.
-Semantics in harness/verdict.py, syntax in harness/registry.py."""
+Semantics in harness/verdict/judge.py, syntax in harness/verdict/registry.py."""
 
 import textwrap
 
@@ -133,7 +133,8 @@ def test_bad_sizes(tmp_path, sizes, msg):
             """)
 
 
-def test_sizes_are_shown_in_the_xfail_reason(tmp_path):
+def test_sizes_are_shown_with_the_entry(tmp_path):
+    """The report's ledger shows failures_text; the one-line xfail reason leaves sizes out."""
     e = load(tmp_path, KNOWN).entries[0]
-    assert "reshard/next_loss max_abs<=0.001" in e.xfail_reason()
-    assert "reshard/state /_extra_state/ n_diff<=100" in e.xfail_reason()
+    assert "reshard/next_loss max_abs<=0.001" in e.failures_text
+    assert "reshard/state /_extra_state/ n_diff<=100" in e.failures_text

@@ -1,4 +1,4 @@
-"""The GPUs a cuda run counts before its first launch (harness/environment.py): from
+"""The GPUs a cuda run counts before its first launch (harness/plugin/gpu_count.py): from
 CUDA_VISIBLE_DEVICES where set, else from NVML without importing torch, else torch's count; and
 cases skip with a reason where torch cannot use CUDA at all."""
 

@@ -1,4 +1,4 @@
-"""The GPU-memory release check after a launch (harness/gpu.py): parsing nvidia-smi, the
+"""The GPU-memory release check after a launch (harness/launch/gpu.py): parsing nvidia-smi, the
 bounded wait, and the launcher recording what is still held -- on CPU, with a fake query."""
 
 import subprocess
@@ -8,7 +8,7 @@ import types
 from harness.launch import gpu, procs
 from harness.launch.ending import end_processes
 
-# the format nvidia-smi prints (seen on 2x H200: "680, 1030" for a process holding 1 GiB)
+# the format nvidia-smi prints ("pid, MiB" a line, e.g. "680, 1030" for a process holding 1 GiB)
 SMI = """\
 12345, 1024
 12345, 512

@@ -1,7 +1,7 @@
-"""The scheduler's lanes (harness/scheduler.py) with a fake launcher: one long-lived launch per
-world size and slot, fed as tasks become ready; reshard tasks after their train task; at most
-``concurrency`` busy lanes; a crash re-launches only what was left; a train task that made no
-checkpoint resolves its reshard task as not run. Fast and deterministic: no processes."""
+"""The scheduler's lanes (harness/launch/scheduler.py) with a fake launcher: one long-lived
+launch per world size and slot, fed as tasks become ready; reshard tasks after their train task;
+at most ``concurrency`` busy lanes; a crash re-launches only what was left; a train task that
+made no checkpoint resolves its reshard task as not run. Fast and deterministic: no processes."""
 
 import threading
 import time
@@ -225,8 +225,8 @@ def test_a_costly_module_s_second_lane_takes_a_recipe_its_first_lane_did_not():
 
 def test_a_lane_holds_two_batches_of_a_train_task_and_its_reshards():
     """A train task and the reshard tasks after it are one batch: a lane holds two (counted by
-    cases, one such batch filled the lane and its next task came only after its train task
-    ended -- 0.14-0.3 s of idle GPU slot a time on one H100)."""
+    cases, one such batch would fill the lane, whose next task would come only after its train
+    task ended: an idle GPU slot)."""
     from harness.launch.scheduler import _Lane
     cases = _two_rank_cases()
     sched = Scheduler(FakeLauncher(), cases, Path("/nonexistent"))
@@ -247,7 +247,7 @@ def test_a_lane_holds_two_batches_of_a_train_task_and_its_reshards():
 def test_a_lane_takes_its_own_recipes_first_then_ones_no_lane_ran():
     """Within its module a lane takes (async_process saves last) a recipe it ran, then one no
     other lane ran, then one another lane runs: each process pays a recipe's first use
-    (1-4 s a TE module on one H100) for as few recipes as it can."""
+    (seconds a TE module) for as few recipes as it can."""
     from harness.launch.lane_choice import affinity
     cases = _two_rank_cases()
     pick = {(c.ax["module"], c.recipe, c.ax["dcp"]): c for c in cases

@@ -1,4 +1,4 @@
-"""Negative controls for models a scenario brings (harness/models.py) and the tied_weights
+"""Negative controls for models a scenario brings (harness/spec/models.py) and the tied_weights
 check: a tie lost on load fails the check naming the tied parameters; a factory that raises or
 cannot be imported is a one-line usage error at load time naming the scenario file and the
 factory (no launch)."""

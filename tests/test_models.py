@@ -1,4 +1,4 @@
-"""Bring your own model (harness/models.py): module axis values that name a factory, the
+"""Bring your own model (harness/spec/models.py): module axis values that name a factory, the
 tasks they train on, the built-in LlamaStack, and the load-time checks of a factory. No
 process groups here; tests/test_model_controls.py launches real ones."""
 

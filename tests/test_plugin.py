@@ -59,9 +59,10 @@ def tiny(tmp_path):
 
 
 def test_unknown_scenario_is_a_usage_error(tmp_path, tiny):
-    rc, out = run_pytest(tmp_path, "--scenario", "nope", "--scenario-dir", str(tiny))
+    name = "nope"
+    rc, out = run_pytest(tmp_path, "--scenario", name, "--scenario-dir", str(tiny))
     assert rc == 4
-    assert "--scenario nope: no scenarios/nope.yaml" in out and "available: tiny" in out
+    assert f"--scenario {name}: no scenarios/{name}.yaml" in out and "available: tiny" in out
 
 
 def test_invalid_scenario_names_file_and_field(tmp_path, tiny):

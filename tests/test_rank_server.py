@@ -143,7 +143,7 @@ def test_where_ranks_fork(monkeypatch, device, gpus, given, nnodes, xdist, want)
 
 def test_agents_answer_cuda_questions_from_nvml(monkeypatch, tmp_path):
     """An agent with the launch's environment asked the CUDA runtime for the device count
-    (found on one H200: torch then poisons every later fork -- each forked rank failed with
+    (torch then poisons every later fork -- each forked rank failed with
     "Cannot re-initialize CUDA in forked subprocess"); the server and every agent get NVML's
     check."""
     started = []

@@ -112,7 +112,7 @@ def test_a_missing_tolerance_names_the_scenario_that_measures_it(check, scenario
 def test_the_one_rank_group_is_made_by_its_rank_alone_without_splitting_nccl(monkeypatch):
     """Rank 0 makes the twin's group alone: it must not be an NCCL group, which under the
     worker's eagerly initialized NCCL default group is a comm split every rank must join (rank
-    0 waited there for good on 2x H100; tests/gpu/test_nccl_ranks_cuda.py runs it there)."""
+    0 alone would wait there for good; tests/gpu/test_nccl_ranks_cuda.py runs it on GPUs)."""
     from harness.distributed import single
     calls = []
     monkeypatch.setattr(single, "_MESHES", {})

@@ -1,4 +1,5 @@
-"""Exact xfail semantics: an entry explains only the failures it names (harness/verdict.py)."""
+"""Exact xfail semantics: an entry explains only the failures it names
+(harness/verdict/judge.py)."""
 
 import textwrap
 

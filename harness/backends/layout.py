@@ -9,7 +9,7 @@ all-gathers or asserts. :func:`skip_reason` says so before any launch, naming th
 mesh, the rows (or columns) per shard and the block size -- for the case's mesh and its reshard
 target.
 
-How a mesh cuts a weight [rows x cols] (harness/worker/parallel.py, reference/modules.py):
+How a mesh cuts a weight [rows x cols] (harness/distributed/parallel.py, reference/modules.py):
 TP first (column-parallel weights by rows, row-parallel ones by columns, ``tp`` pieces), then
 FSDP2 chunks the TP-local rows over the shard dim (``ceil(rows / shard)`` rows per rank; HSDP's
 replicate dim does not cut).

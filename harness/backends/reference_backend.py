@@ -1,6 +1,6 @@
 """Reference backend: our pure-PyTorch TE-style quantized tensors and modules (harness/reference),
 on CPU (gloo) or GPU. Every TE fix the harness is built around is a switch here (axis ``fixes``).
-A model a scenario brings (harness/models.py) runs its own plain layers here, fp32 / bf16.
+A model a scenario brings (harness/spec/models.py) runs its own plain layers here, fp32 / bf16.
 """
 
 from __future__ import annotations

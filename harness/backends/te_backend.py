@@ -17,7 +17,7 @@ is detected, never assumed from a version number:
 
 Modules: TE's own (``make``), LlamaStack of TE layers (``te_llama_stack.py``: a
 ``torch.nn.Embedding`` with a tied ``te.Linear`` head, kept high precision), or the factory a
-scenario names (harness/models.py; it may build TE layers, ``ctx.backend == "te"``).
+scenario names (harness/spec/models.py; it may build TE layers, ``ctx.backend == "te"``).
 
 Models follow TE's FSDP2 recipe: build on ``device="meta"`` under ``te.quantized_model_init``,
 ``fully_shard`` each child then the root, ``reset_parameters()``; then the weights of an FP32 TE

@@ -22,10 +22,9 @@ def isolated(state_manager=None):
     rank's run meets the case's DelayedScaling amax buffers: a te.ops module (te.LayerNorm /
     RMSNorm) under ``te.autocast(enabled=False)`` outside any FP8 region is TE's "first FP8
     module", and its backward reduces every buffered amax over the buffers' group -- the world
-    -- on rank 0 alone (2x H100, 2026-11-27: LlamaStack's FP32 reference after a DelayedScaling
-    step hung over NCCL; over gloo its reference failed "Connection closed by peer"; it passed
-    only where an earlier case had cached the reference); where it went through it would also
-    move the case's amax histories. ``state_manager`` (default TE's): its state is one
+    -- on rank 0 alone: over NCCL that collective waits for the other ranks for good, over gloo
+    it fails ("Connection closed by peer"), and where it goes through it moves the case's amax
+    histories. ``state_manager`` (default TE's): its state is one
     ``quantization_state`` object (TE 2.20) or -- older TE -- the class's own attributes; either
     way ``reset`` rebinds them, so the bindings saved here are the case's state."""
     m = state_manager if state_manager is not None else manager()

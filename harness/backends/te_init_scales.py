@@ -1,7 +1,7 @@
 """Workaround ``current_scale_group``: Float8CurrentScaling weight shards quantized from the
 initial full weights with ONE scale -- the amax of the whole weight, over the FSDP shard group.
 
-What it works around (TE 2.20.2, found by sharding_invariance; one H100, ranks sharing it, see
+What it works around (TE 2.20.2, found by sharding_invariance; see the te_workarounds entry of
 scenarios/xfails.yaml): a weight shard's scale is reduced over the shard group only once the
 tensor carries a tensor-level ``amax_reduction_group``, which TE's ``fsdp_pre_all_gather`` sets
 on the first all-gather. Values copied into the shards before it -- the initial weights through

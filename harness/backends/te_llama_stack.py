@@ -34,7 +34,7 @@ class TELlamaStack(nn.Module):
         if tp_mesh is not None:
             tp = dict(tp_group=tp_mesh.get_group(), tp_size=tp_mesh.size())
         self.embed = nn.Embedding(d.vocab, d.hidden, device=device)
-        # unit-RMS logits at init, as the torch LlamaStack (worker/llama_stack.py): the tied head
+        # unit-RMS logits at init, as the torch LlamaStack (distributed/modules.py): the tied head
         # multiplies by the same weight; N(0, 1) made the FP32 reference's first loss ~246
         nn.init.normal_(self.embed.weight, 0.0, d.hidden ** -0.5)
         # bias=False: see TEBackend.make (a key bias has an identically-zero gradient)

@@ -1,5 +1,5 @@
 """Plain-torch backend: the harness's own modules (or the factory a scenario names,
-harness/models.py), TP via parallelize_module, FSDP2 with a MixedPrecisionPolicy for bf16."""
+harness/spec/models.py), TP via parallelize_module, FSDP2 with a MixedPrecisionPolicy for bf16."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class TorchBackend:
     def plain_model(self, case, seed: int, device, mesh=None, mesh_spec=None,
                     reference: bool = False):
         """The case's whole plain-torch module and the ModelContext its factory got: a built-in
-        (``worker/modules.py``, context None) or the factory the module axis names."""
+        (``distributed/modules.py``, context None) or the factory the module axis names."""
         if case.model_ref is None:
             from harness.distributed import modules
             return modules.build(case.ax["module"], case.model, seed, device), None

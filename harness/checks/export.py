@@ -88,8 +88,8 @@ def beyond_rounding(exported: dict, quantized: dict, rounding) -> tuple[int, str
         saturated = (d.abs() == _block_amax(d, block)) & (e.abs() >= d.abs()) & (e * d >= 0)
         # slack 2^-16 (relative) for a value on a rounding midpoint: TE's fused FP8 Adam
         # kernel casts DelayedScaling weights in its own fp32 arithmetic, not from the stored
-        # master weight (measured: one element of 524288 went the other way, 1.4e-6 beyond the
-        # bound; one H200, 2026-11-25). A stale or mis-scaled weight is >= 2^-8 off.
+        # master weight, so an element on a midpoint may round the other way. A stale or
+        # mis-scaled weight is >= 2^-8 off.
         over = (~(err <= bound * (1 + 2.0**-16)) & ~saturated).flatten()  # NaN: over
         k = int(over.sum())
         if k and not first:

@@ -33,8 +33,8 @@ def singleton_mesh(device_type: str, names: dict | None = None) -> DeviceMesh:
     Its group is gloo, whatever the launch's backend: rank 0 makes it alone (the twin is
     computed once, on rank 0), and a new NCCL group under an eagerly initialized default group
     (``device_id`` bound, as the worker's NCCL launches are) is an ``ncclCommSplit`` of the
-    default communicator, which every rank of the launch must call -- rank 0 waited there for
-    good in every world-2 NCCL launch (2x H100, 2026-11-27). On one rank a collective is a
+    default communicator, which every rank of the launch must call -- rank 0 alone would wait
+    there for good. On one rank a collective is a
     copy, so the twin's values do not depend on the group's backend; gloo runs FSDP2's
     collectives on CUDA tensors (ranks sharing a GPU use nothing else)."""
     name = (names or {}).get(SHARD, SHARD)

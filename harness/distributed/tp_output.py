@@ -4,9 +4,8 @@
 computes, forward and backward (the backward hands each rank its slice of the gradient, as
 DTensor's Replicate -> Shard does), but through ``dist.all_gather`` on the group rather than
 the functional collectives: over a gloo group on CUDA tensors -- ranks sharing a GPU -- the
-functional all_gather_tensor segfaulted inside AsyncCollectiveTensor (measured on 1x H100,
-torch 2.11, TE 2.20.2: 4 of 4 dp2xtp2 Linear / LayerNormLinear cases), where c10d works. The
-collective is bounded by the process group's timeout like every other.
+functional all_gather_tensor segfaults inside AsyncCollectiveTensor (torch 2.11), where c10d
+works. The collective is bounded by the process group's timeout like every other.
 """
 
 from __future__ import annotations

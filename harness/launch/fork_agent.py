@@ -10,7 +10,7 @@ from the agent -- which was forked from the server after its imports.
 Forking is safe only before CUDA is initialized: ``torch.cuda.is_available()`` asks NVML
 (``PYTORCH_NVML_BASED_CUDA_CHECK``; the CUDA runtime's answer would leave a forked child unable
 to use CUDA) and after the imports the server checks that neither torch nor the library touched
-the CUDA driver (TE 2.20.2 does not: its forked ranks ran FP8 GEMMs on one H200). Where the
+the CUDA driver (TE 2.20.2 does not: its forked ranks run FP8 GEMMs). Where the
 imports failed or did, each agent runs torchrun with fresh ranks and says why in its log.
 ``OMP_NUM_THREADS=1`` (the launches' safe environment) keeps torch's thread pool from starting.
 Each forked rank gets a fresh Python's signal handling and ``sys.argv``; the agent prints a line
@@ -92,8 +92,8 @@ def preload_from_env() -> None:
     SERVER_PID = os.getpid()
     parent = os.environ.get(PARENT_VAR)
     tether.tether(int(parent) if parent else None)
-    # no collections while importing: nearly every object the imports make stays alive (one
-    # H100: 4.2 -> 3.6 s, four alternating pairs)
+    # no collections while importing: nearly every object the imports make stays alive, so a
+    # collection only walks them
     gc.disable()
     try:
         preload(os.environ.get(BACKEND_VAR, "torch"))

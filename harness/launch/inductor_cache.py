@@ -13,14 +13,12 @@ unchanged.
 ``TORCHINDUCTOR_COMPILE_THREADS=1`` (unless set): by default each rank may start a pool of
 compile worker processes (as many as the host has cores, each importing torch) for a handful
 of tiny kernels, while the ranks of several launches share those cores. The kernels are the
-same either way; on 1x H200 (16 cores, warm cache) 16 threads measured no different from 1
-(a9e4b78:reports/bench/README.md).
+same either way, and for so few a pool gains nothing.
 
 Whether the user chose is read from the environment as this module was imported (with the
 plugin, before anything imports torch): importing ``torch._dynamo`` writes Inductor's default
 (``/tmp/torchinductor_<user>``) into ``os.environ`` (torch 2.11 and 2.13), which read later
-looks like the user's choice -- every launch's ranks used it, this directory never (seen on one
-H100, 2026-11-26: it stayed empty through eleven runs of the TE matrix).
+looks like the user's choice -- every launch's ranks would use it and this directory never.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ the scheduler's and the launcher's policy, as plain functions of the cases, the 
 seconds and what each lane ran (no processes here).
 
 A rank process pays a module's first use under a recipe once -- TE's compiled functions,
-run-time compiled kernels, cuDNN's graphs: 1-7 s a module and 1-4 s a further recipe per
-process on one H100 -- so a lane keeps to the (module, recipe) pairs it ran (``affinity``).
+run-time compiled kernels, cuDNN's graphs: seconds a module, and again for a further recipe --
+so a lane keeps to the (module, recipe) pairs it ran (``affinity``).
 Where the last run's task seconds are known (pytest's cache: plugin/task_seconds.py), a lane
 out of work takes over the module with the most seconds left per lane running it, and a module
 k times the mean module's gets round(k) - 1 lanes more (``extra_lanes``) where every rank of the
@@ -27,8 +27,8 @@ def kind(case: Case) -> tuple:
 def affinity(ran: set, case: Case, left: Counter, others: list[set]) -> tuple:
     """The key of ``case`` for a lane that ran the (module, recipe) pairs ``ran`` while the
     other lanes of its key ran ``others`` (the smallest is taken). First a module it ran; there
-    async_process saves last (their stagers start with the launch: 10-17 s under the whole TE
-    matrix's load, the first such save waited), and a recipe it ran before one no other lane
+    async_process saves last (their stagers start with the launch and take seconds under load:
+    a save taken early would wait for them), and a recipe it ran before one no other lane
     ran before one another lane runs. Else a module no lane of its key ran yet. Else it takes
     over the module with the most work left (``left``: expected seconds of its ready tasks) per
     lane that runs it -- a recipe no lane ran first (two lanes of one module split its recipes)."""
@@ -62,10 +62,10 @@ class TaskSeconds:
 
 def _extra(seconds_by_module: dict[str, float]) -> int:
     """Lanes beyond one per module for a world size whose modules' tasks took these seconds:
-    a module k times the mean module's gets round(k) - 1 more. The 2-rank TE matrix on one
-    H100: TransformerLayer 34-40 s of task time against a mean of 18-19 s (Linear 7-8 s) -- its
-    lane ran to the end while the Linear lane, done first, took TransformerLayer cases and paid
-    its first use again (5.5 s). 0 where any module has no time (a first run, new cases)."""
+    a module k times the mean module's gets round(k) - 1 more. Else the slowest module's lane
+    (TransformerLayer in the TE matrix) runs to the end alone, while a lane done first that takes
+    over its cases pays the module's first use again. 0 where any module has no time (a first
+    run, new cases)."""
     values = list(seconds_by_module.values())
     if len(values) < 2 or min(values) <= 0:
         return 0

@@ -38,7 +38,7 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 # On GPU hosts (several launches start at once per GPU slot) DCP's process-async stagers
 # rendezvous under a prefix of torchrun's own store instead of a port DCP picks free and binds
 # later: another launch took that port first (EADDRINUSE in one rank's stager, the other rank's
-# waiting for it until the case timeout; seen on 2x H200). CPU launches keep DCP's default.
+# waiting for it until the case timeout). CPU launches keep DCP's default.
 CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
 # glibc's malloc keeps freed large blocks (else each temporary page-faults); caller's MALLOC_* win
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}

@@ -70,9 +70,9 @@ class Launcher:
 
     def expect(self, cases, tasks=(), seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
-        front, also when its tasks come through the feed (1x H200: a launch's first such save
-        1.9-4.2 s -> 0.2-1.1 s). Not on CPU: on 2 cores the stagers' start then competes with
-        the busy lane (a 40-case torch slice 23-26 s without, 29 s with, alternating)."""
+        front, also when its tasks come through the feed: a launch's first such save then does
+        not wait for the stager to start. Not on CPU: on a few cores the stagers' start competes
+        with the busy lane and makes the run slower."""
         if self.device == "cuda":
             self.stager_worlds |= stager_worlds(cases)
         self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])

@@ -1,9 +1,9 @@
 """Where a launch's ranks run: a GPU each over NCCL, or several sharing a GPU over gloo.
 
 NCCL refuses two ranks on one device ("invalid usage", NCCL 2.28.9); gloo runs FSDP2's and
-DCP's collectives on CUDA tensors with ranks sharing a GPU (measured on one H200: all_reduce,
-broadcast, all_gather_into_tensor, reduce_scatter_tensor, all_gather, all_to_all_single; FSDP2
-training, DCP save / load, TE FP8 modules). So a case whose world exceeds the GPUs a launch
+DCP's collectives on CUDA tensors with ranks sharing a GPU (all_reduce, broadcast,
+all_gather_into_tensor, reduce_scatter_tensor, all_gather, all_to_all_single; FSDP2 training,
+DCP save / load, TE FP8 modules). So a case whose world exceeds the GPUs a launch
 gets runs shared: rank r on GPU r mod G, every process group of the launch gloo
 (``--gpu-share auto``, the default); ``never`` skips such a case as before, ``always`` shares
 even with a GPU per rank (for testing the shared path on a multi-GPU host).
@@ -11,15 +11,14 @@ even with a GPU per rank (for testing the shared path on a multi-GPU host).
 A shared run is not an NCCL run: its result rows say which it was (``pg_backend``,
 ``ranks_per_gpu``) and calibration and drift never pool the two. So a case runs every phase on
 one backend: where one phase shares (a 4-rank train phase on 2 GPUs), its other phases (the
-2-rank reshard load) run gloo too, a GPU per rank (``case_backend``) -- on 2x H100 such a
-reshard's next step on NCCL moved by up to rel-L2 7.9e-3 from the gloo run it continues, and
-was judged by NCCL's tolerance though recorded as gloo (2026-11-27).
+2-rank reshard load) run gloo too, a GPU per rank (``case_backend``): a reshard's next step on
+NCCL moves measurably from the gloo run it continues, and would be judged by NCCL's tolerance
+though recorded as gloo.
 
 How many launches share a GPU follows from the ranks each puts on it: every rank is a process
-with its own CUDA context, caching allocator and (async_process saves) a stager. Measured on
-one H200 with the 2/4/8-rank TE matrix: 4 launches x 8 ranks on the GPU ran out of memory in
-async_process saves (cudaErrorMemoryAllocation), 2 x 8 did not. So a GPU holds at most
-``MAX_RANKS_PER_GPU`` ranks of concurrent launches.
+with its own CUDA context, caching allocator and (async_process saves) a stager; too many of
+them run a GPU out of memory in async_process saves (cudaErrorMemoryAllocation). So a GPU holds
+at most ``MAX_RANKS_PER_GPU`` ranks of concurrent launches.
 """
 
 from __future__ import annotations
@@ -83,11 +82,9 @@ def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0,
     ``MAX_RANKS_PER_GPU`` on a GPU.
 
     A rank process pays each module's first use once (TE's compiled functions, cuDNN's
-    attention graphs, kernel loading: 1-6 s per module on one H100) and the scheduler keeps a
-    lane on its modules (``scheduler.affinity``): with a lane per module every module's cases
-    start at once and none is first used in a second lane. The 2-rank TE matrix's 5 modules
-    on one H100, three alternating pairs in each of two calls: 5 lanes +16% / +13% checked
-    cases per GPU-minute against 4, 6 lanes +7.5%; the whole matrix even (a9e4b78:reports/bench)."""
+    attention graphs, kernel loading: seconds a module) and the scheduler keeps a lane on its
+    modules (``scheduler.affinity``): with a lane per module every module's cases start at once
+    and none is first used in a second lane."""
     wanted = max(launches_per_gpu, modules + extra if modules else 0)
     return max(1, min(wanted, MAX_RANKS_PER_GPU // p.ranks_per_gpu))
 
@@ -110,8 +107,7 @@ def cpu_priority(world_size: int, largest: int) -> int:
     ranks share the host's cores: a rank's CPU weight proportional to its world size (0 for
     the largest). Every collective waits for the slowest rank of its world, so a descheduled
     rank of 8 holds up 7 others, one of 2 holds up 1 -- and the largest worlds are the run's
-    tail (the whole TE matrix on one H200: 2-rank launches done at ~50% of the run, 8-rank
-    ones last)."""
+    tail."""
     if largest <= world_size:
         return 0
     return min(NICE_MAX, round(math.log(largest / world_size, NICE_STEP)))

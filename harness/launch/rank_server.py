@@ -3,9 +3,9 @@ dynamo / Inductor, DCP, FSDP2, the worker's modules, the library under test) and
 launch's torchrun agent, whose ranks fork from the agent in turn -- no rank and no agent imports
 anything at start.
 
-Every rank used to import those modules in a fresh Python: ~5 CPU-s a rank on one H200, with 40
-ranks of the whole TE matrix on 16 cores, and each launch waited ~4 s for its ranks' imports
-before its first task. The server is Python's ``multiprocessing`` forkserver with a preload
+In a fresh Python every rank imports those modules itself: CPU-seconds a rank, with dozens of
+ranks sharing the host's cores, and each launch waits for its ranks' imports before its first
+task. The server is Python's ``multiprocessing`` forkserver with a preload
 (``fork_agent.preload``): the plugin starts it while pytest collects, so its imports overlap the
 collection; each launch asks it for an agent (``start_agent``: a ``ForkedAgent``, what
 ``subprocess.Popen`` is to a fresh agent).
@@ -164,8 +164,8 @@ class RankServer:
 
     def close(self) -> None:
         """No launch will ask for an agent any more: the server may end now -- our end of its
-        alive pipe is closed and it exits at EOF while the run writes its results (its exit
-        took 0.46 s of pytest's end with the TE matrix on one H100); :meth:`stop` reaps it."""
+        alive pipe is closed and it exits at EOF while the run writes its results (its exit then
+        overlaps that work instead of adding to pytest's end); :meth:`stop` reaps it."""
         if not self.started:
             return
         from multiprocessing import forkserver

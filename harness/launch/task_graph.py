@@ -70,8 +70,8 @@ class TaskGraph:
     def batches(self, held: set[str]) -> int:
         """The batches among the tasks ``held`` (a lane's): train tasks, and reshard tasks whose
         train task is not held -- a train task and its reshard tasks are one (counted by cases,
-        such a batch filled a lane of two and its next task came only after the short reshard:
-        0.14-0.3 s idle a time on one H100)."""
+        such a batch would fill a lane of two, which then idles until the short reshard is
+        done)."""
         return sum(1 for n in held if not n.endswith(".reshard")
                    or self.tasks[n.rsplit(".", 1)[0]][0].name not in held)
 

@@ -80,8 +80,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 # a rank's start in its timeline: Python up, imports, CUDA context (``set_device``: ranks sharing
-# a GPU make theirs together in the driver, ~0.13 s each -- 1.6 s for 12 on one H100), process
-# groups, the library under test
+# a GPU make theirs one after another in the driver), process groups, the library under test
 RANK_STAMPS = ("main", "imports", "cuda_context", "process_group", "backend")
 # a launch's phases before its first task (launch_dir.phases: one per stamp after the first),
 # and after its last one

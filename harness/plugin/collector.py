@@ -2,10 +2,10 @@
 the backend and collects the cases, then everything alive is frozen (``gc.freeze``) and
 collection resumes.
 
-Measured on one H100 with TE 2.20.2 (2026-11-26): a Python that imported torch and TE takes
-1.11-1.39 s from its last ``atexit`` handler to its end, 0.42 s when its objects were frozen;
-each full ``gc.collect()`` takes 0.17-0.21 s with them, 0 frozen -- pytest itself runs two at
-its end (``unraisableexception``), and the lanes' threads live in this process. Frozen objects
+Why: a Python that imported torch and TE holds millions of objects that every full
+``gc.collect()`` walks, and its exit walks them again; frozen, neither does -- pytest itself
+runs two collections at its end (``unraisableexception``), and the lanes' threads live in this
+process. Frozen objects
 are never collected: what the imports and the collection made lives until the process ends,
 as it would anyway.
 """

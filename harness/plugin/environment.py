@@ -11,8 +11,8 @@ from harness.plugin import gpu_count
 
 # the ranks' variables a run's meta records (``rank_env``): what changes how CUDA, cuBLAS,
 # NCCL, TE and torch run -- e.g. a user's CUDA_DEVICE_MAX_CONNECTIONS=1, which serializes each
-# rank's CUDA streams (a9e4b78:reports/bench/README.md, issue 32's eleventh session): runs with and
-# without such a setting are told apart
+# rank's CUDA streams and changes the run's speed: runs with and without such a setting are told
+# apart
 RECORDED_ENV_PREFIXES = ("CUDA_", "CUBLAS_", "NCCL_", "NVTE_", "TORCH_", "PYTORCH_")
 
 

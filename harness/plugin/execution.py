@@ -23,9 +23,9 @@ def scope_of(case: Case) -> str:
     return "w" + "to".join(map(str, case.world_sizes))
 
 
-# launches at once per GPU slice unless --launches-per-gpu says otherwise (measured best of 3, 4
-# and 6 on 2x H200: a9e4b78:reports/bench/README.md) -- or one per module of a world size's
-# cases where they use more (5 for the 2-rank TE matrix on one GPU: placement.launches_per_slice)
+# launches at once per GPU slice unless --launches-per-gpu says otherwise (the cases are small:
+# one launch leaves a GPU mostly idle) -- or one per module of a world size's cases where they
+# use more (placement.launches_per_slice)
 LAUNCHES_PER_GPU = 4
 
 

@@ -9,7 +9,7 @@ def nvml_device_count() -> int | None:
     """The GPUs the driver's own library (``libnvidia-ml``) sees, or None where it cannot say.
     Milliseconds, and neither torch nor a CUDA context in the asking process: pytest counts
     the GPUs before its first launch starts, and importing torch and initializing CUDA for that
-    put ~2 s before every GPU run's first launch (1x H200, a9e4b78:reports/bench/README.md)."""
+    would delay every GPU run's first launch by seconds."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:

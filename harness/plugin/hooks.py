@@ -22,6 +22,7 @@ from harness.plugin.session import HarnessSession
 from harness.spec import catalog
 from harness.spec.scenario import ScenarioError
 from harness.verdict import registry
+from harness.verdict.judge import XPASSED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,8 +57,8 @@ def pytest_addoption(parser):
                 help="only cases whose largest world size is N (shard a nightly run by GPUs)")
     g.addoption("--launches-per-gpu", type=int, default=None, metavar="N",
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
-                     "default 4, measured best on 2x H200, or one per module of a world "
-                     "size's cases where more: docs/performance.md); 1 = one launch per GPU slice")
+                     "default 4, or one per module of a world size's cases where more); "
+                     "1 = one launch per GPU slice")
     g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
                 help="fork: every launch's agent and ranks fork from one process of the run "
                      "that imported torch, the worker and the backend while pytest collected "
@@ -136,6 +137,10 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if isinstance(item, CaseItem) and (call.when == "call" or (call.when == "setup" and report.skipped)):
         report.harness = item.info()  # plain data: survives xdist's report serialization
+        if report.failed and item.verdict is not None and item.verdict.outcome == XPASSED:
+            # pytest says "[XPASS(strict)] <the marker's one-line reason>"; the verdict adds
+            # which failures each entry expected and which entry to remove
+            report.longrepr = f"{report.longrepr}\n{item.verdict.message}"
     return report
 
 

@@ -20,7 +20,7 @@ from harness import calibration
 from harness.calibration import on_demand
 from harness.calibration.tolerances import UNJUDGED
 
-CACHE_PREFIX = "harness/calibration_on_demand/"
+CACHE_PREFIX = "harness-on-demand/"  # pytest cache keys: <prefix><group key>
 
 
 def _encode(d: dict) -> list:

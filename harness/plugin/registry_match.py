@@ -41,7 +41,7 @@ class RegistryMatch:
             item.entries = entries
             item.case = dataclasses.replace(item.case, workarounds=workarounds(entries))
             item.add_marker(pytest.mark.xfail(
-                reason=" | ".join(e.xfail_reason() for e in entries), strict=True,
+                reason=registry.xfail_reason(entries), strict=True,
                 raises=CaseFailed))
 
     def warn_stale(self, collected: dict, backend: str) -> None:

@@ -1,5 +1,5 @@
 """The reference backend's LlamaStack: the TE-style modules of ``modules.py`` in a decoder-only
-language model with the plain-torch LlamaStack's canonical names (``worker/llama_stack.py``).
+language model with the plain-torch LlamaStack's canonical names (``distributed/modules.py``).
 
     embed (vocab-parallel, high precision) -> layers (N x TransformerLayer: the quantized
     TE-style attention and MLP) -> norm -> lm_head (tied: the embedding's weight, column-parallel

@@ -17,13 +17,12 @@ reads that run's history and launch records and prints:
   cases share counted once), total and per case;
 * the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs;
 * the host's CPUs' busy share (``/proc/stat``, where there is one): the mean over the run and
-  one value every 2 s -- whether the cores were the limit, and when (the whole TE matrix on one
-  GPU: 90-100% while its 4- and 8-rank launches run, docs/performance.md).
+  one value every 2 s -- whether the cores were the limit, and when.
 
-``--out DIR`` (default: ``bench/`` in the results store, harness/results/store.py) gets
-``<label>.json`` with all of it. pytest runs with its cache, as a user's run does: the scheduler
-weighs the tasks by their seconds in the last run on this checkout where the cache has them (the
-JSON's ``task_seconds_known``); ``--no-cache`` runs without.
+``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it. pytest runs with
+its cache, as a user's run does: the scheduler weighs the tasks by their seconds in the last run
+on this checkout where the cache has them (the JSON's ``task_seconds_known``); ``--no-cache``
+runs without.
 """
 
 from __future__ import annotations
@@ -42,16 +41,13 @@ import pandas as pd
 
 from harness.calibration import derive
 from harness.launch.tasks import END_PHASES, START_PHASES, task_wall
-from harness.results import store
 
 PHASES = START_PHASES + END_PHASES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", required=True, help="name of this measurement (file name)")
-    p.add_argument("--out", default=None,
-                   help="where <label>.json goes (default: bench/ in the results store: "
-                        "$HARNESS_RESULTS, else reports)")
+    p.add_argument("--out", default="reports/bench", help="where <label>.json goes")
     p.add_argument("--no-cache", action="store_true",
                    help="run pytest without its cache (-p no:cacheprovider): the scheduler then "
                         "has no task seconds of an earlier run (harness/plugin/task_seconds.py)")
@@ -233,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc,
              valid=rc == 0 and not s["outcomes"].get("failed", 0))
     print(render(args.label, s))
-    out = Path(args.out) if args.out else store.store_dir() / "bench"
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.label}.json").write_text(json.dumps(s, indent=1, default=str))
     print(f"wrote {out / (args.label + '.json')}")

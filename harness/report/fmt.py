@@ -31,7 +31,7 @@ def secs(x) -> str:
 
 
 def date(s) -> str:
-    """ISO date -> '2026-11-22 02:56 UTC' (as is when it does not parse)."""
+    """ISO date -> 'YYYY-MM-DD HH:MM UTC' (as is when it does not parse)."""
     try:
         ts = pd.Timestamp(s)
     except (TypeError, ValueError):

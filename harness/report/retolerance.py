@@ -1,7 +1,7 @@
 """Recorded rows judged against the tolerances as they are now (``python -m harness rejudge
 --tolerances``): every calibrated quantity's max_abs / rel_l2 row gets the tolerance its
 population has in ``harness/calibration/measured.csv`` today and passes or fails by it -- what a
-recalibration does to runs already made, without making them again (issue 33's before -> after).
+recalibration does to runs already made, without making them again (before -> after).
 
 The population comes from the row (backend, device, process groups -- inferred as
 ``derive.pg_backend`` does where a history predates the column -- the case mesh's world size

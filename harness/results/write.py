@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from harness.spec import catalog
 
 if TYPE_CHECKING:  # pandas / pyarrow load when a run's rows are written (not at plugin import:
-    import pandas as pd  # early launches start before them, harness/early_launches.py)
+    import pandas as pd  # the rank server starts while pytest collects, launch/rank_server.py)
 
 SCHEMA_VERSION = 2  # 2: coverage rows (metric 'coverage', one per case and unit)
 META_KEY = b"harness"
@@ -88,8 +88,8 @@ def run_meta(root: Path, device: str, backend: str, extra_versions: dict) -> dic
 
 
 def import_writers() -> None:
-    """Import what :func:`frame` and :func:`write_run` use (pandas, pyarrow: ~1 s on the
-    1x H200 host, 0.5 s here), so that a run's end does not pay it after its last launch."""
+    """Import what :func:`frame` and :func:`write_run` use (pandas, pyarrow: about a second),
+    so that a run's end does not pay it after its last launch."""
     for name in ("pandas", "pyarrow.parquet"):
         importlib.import_module(name)
 

@@ -50,9 +50,9 @@ RECIPES_BY_BACKEND = {
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer",
            "LlamaStack")
 
-# What a module is trained on: its inputs, targets and loss (harness/worker/data.py). A module
+# What a module is trained on: its inputs, targets and loss (harness/distributed/data.py). A module
 # axis value names a built-in module (MODULE_TASKS) or a model a scenario or an installed
-# package brings (harness/models.py; its ``task``, default ``regression``).
+# package brings (harness/spec/models.py; its ``task``, default ``regression``).
 TASKS = {
     "regression": "float inputs [batch, seq, hidden] -> [batch, seq, hidden], MSE loss",
     "projection": "float inputs [batch, seq, hidden] -> [batch, seq, out_features], MSE loss",
@@ -64,10 +64,10 @@ MODULE_TASKS = {"Linear": "projection", "LayerNormLinear": "projection",
                 "TransformerLayer": "regression", "LlamaStack": "next_token"}
 # The loss each task trains with. Calibrated tolerances are measured per loss: a next-token
 # model's errors (a whole model: embedding, layers, a head over the vocabulary) are not a
-# single layer's under MSE (harness/calibration, harness/tolerances.py).
+# single layer's under MSE (harness/calibration, harness/calibration/tolerances.py).
 TASK_LOSS = {"regression": "mse", "projection": "mse", "next_token": "cross_entropy"}
 # Entry-point group through which an installed package adds module axis values
-# (harness/models.py): name -> {factory, tp_plan, task}.
+# (harness/spec/models.py): name -> {factory, tp_plan, task}.
 MODULE_ENTRY_POINTS = "harness.modules"
 
 DCP_MODES = {
@@ -129,7 +129,7 @@ RESHARD_NONE = "none"
 RESHARD_PREFIX = "to_"
 
 # Fault injections, for the harness's negative controls only (tests/). Each makes one check
-# fail or one case hang; the worker implements them in worker/faults.py.
+# fail or one case hang; the worker implements them in distributed/faults.py.
 FAULTS = {
     "none": "no fault",
     "perturb_loaded": "add 1e-3 to one element of one loaded parameter",
@@ -205,7 +205,7 @@ EXTRA_AXES = {
               tuple(FIX_AXIS_VALUES)),
     "optimizer": ("te backend: FusedAdam with or without fp32 master weights",
                   ("master_weights", "no_master_weights")),
-    "fault": ("harness self-tests: fault injection (worker/faults.py)", tuple(FAULTS)),
+    "fault": ("harness self-tests: fault injection (distributed/faults.py)", tuple(FAULTS)),
     "mutation": ("te backend: a mutant of the installed TE (backends/te_mutations.py)",
                  tuple(MUTATIONS)),
     "without": ("te backend: run without one of its TE workarounds (te_workarounds scenario)",

@@ -44,7 +44,7 @@ class Case:
     marks: tuple[str, ...] = ()
     # producer -> workaround name, from the case's xfail entries (set by the plugin)
     workarounds: tuple[tuple[str, str], ...] = field(default=(), hash=False, compare=False)
-    # the factory the module axis value names (harness/models.py); None for built-in modules
+    # the factory the module axis value names (harness/spec/models.py); None for built-in modules
     model_ref: ModelRef | None = None
 
     @property

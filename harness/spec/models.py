@@ -30,7 +30,7 @@ How a case uses it (every backend, every check unchanged):
   check proves they stay tied after a load and a reshard;
 * the single-process FP32 reference of fp32_parity is the same factory with ``ctx.mesh=None``
   and ``ctx.recipe="fp32"``;
-* inputs, targets and loss are the ``task``'s (``catalog.TASKS``, ``worker/data.py``);
+* inputs, targets and loss are the ``task``'s (``catalog.TASKS``, ``distributed/data.py``);
 * te backend: the factory runs on device ``meta`` under ``te.quantized_model_init`` and may
   build TE layers (``ctx.backend == "te"``); TP of TE layers needs PR #2713's
   ``set_device_mesh`` (TE's own or ``backends.te_tp.port.set_device_mesh``). The reference

@@ -2,7 +2,7 @@
 
 Every error names the file, the field and what is allowed, e.g.::
 
-    scenarios/x.yaml: axes.recipe[2]: unknown recipe 'fp9'; allowed: fp32, bf16, ...
+    my_scenario.yaml: axes.recipe[2]: unknown recipe 'fp9'; allowed: fp32, bf16, ...
 
 Nothing is silently resolved: a key written twice is an error (strict_yaml), an axis that is
 neither a core axis nor a known extra one is an error (a typo would be a no-op axis), and every
@@ -86,7 +86,7 @@ class ScenarioSpec:
     timeout_s: float
     marks: dict = field(default_factory=dict)  # pytest mark -> selections of cases it applies to
     # module axis values that name a factory: the scenario's ``models`` and installed entry
-    # points (harness/models.py), by name
+    # points (harness/spec/models.py), by name
     models: dict[str, ModelRef] = field(default_factory=dict)
 
     def supports(self, backend: str) -> bool:
@@ -195,7 +195,7 @@ _MODEL_FIELDS = ("factory", "tp_plan", "task")
 
 def _parse_models(path, raw) -> dict[str, ModelRef]:
     """``models: {name: {factory: "pkg.mod:build", tp_plan: "pkg.mod:plan", task: ...}}``:
-    module axis values that name a factory (harness/models.py says what it receives). The
+    module axis values that name a factory (harness/spec/models.py says what it receives). The
     names appear in ids; a name shadows an installed entry point of the same name."""
     if raw is None:
         return {}

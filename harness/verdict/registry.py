@@ -16,9 +16,16 @@ compute capability, names exactly how the cases fail, and says why and where tha
           - {check: reshard, quantity: state, up_to: {n_diff: 100}}  # known size, measured
           - {check: reshard, quantity: next_params, beyond: {rel_l2: 0.06}}  # a bug on top
         workaround: load_without_extra_state  # optional, see harness/worker/workarounds.py
-        reason: FusedAdam keeps optimizer states as plain tensors
+        reason: FusedAdam keeps optimizer states as plain tensors   # one line, <= 160 chars
+        details: >                           # optional: the measurements, the evidence
+          A same-mesh reload hands every rank rank 0's states; ...
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
         evidence: [<commit>:reports/gpu/<run>]   # optional: recorded runs, in git history
+
+``reason`` names the defect in one line of at most ``REASON_MAX`` characters: pytest prints it
+with every xfailed case (``-rx``), so it has to read as one line per case. What was measured,
+on which cases, and why the sizes are what they are goes to ``details``, which the HTML report's
+xfail ledger shows next to the reason.
 
 ``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
 ``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
@@ -60,11 +67,12 @@ from harness.spec.matrix import Case
 
 CASE_KEYS = ("scenario", "backend", "device")
 CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
-ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "link",
-              "evidence"}
+ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "details",
+              "link", "evidence"}
 EVIDENCE = re.compile(r"[0-9a-f]{7,40}:[^\s:]+")  # <commit>:<path> (git show's form)
 FAILURE_KEYS = {"check", "quantity", "message", "strict", "up_to", "beyond"}
 SIZE_METRICS = ("max_abs", "rel_l2", "n_diff")
+REASON_MAX = 160  # characters of an entry's reason, and of the xfail reason pytest prints
 
 
 class RegistryError(ValueError):
@@ -152,16 +160,16 @@ class Entry:
     capability: SpecifierSet | None = None
     workaround: str | None = None
     evidence: tuple[str, ...] = ()  # <commit>:<path> of recorded runs
+    details: str = ""  # the measurements behind the reason (shown by the HTML report)
 
     @property
     def label(self) -> str:
         return f"xfail entry {self.number} (xfails.yaml line {self.line})"
 
-    def xfail_reason(self) -> str:
-        s = f"{self.label}: {', '.join(map(str, self.fails))} fails: {self.reason}"
-        if self.link:
-            s += f" [{self.link}]"
-        return s + f" -- if this passes, remove xfail entry {self.number}"
+    @property
+    def failures_text(self) -> str:
+        """The failures the entry names, with their sizes: 'reshard/state n_diff<=100, ...'."""
+        return ", ".join(map(str, self.fails))
 
     @property
     def checks(self) -> set[str]:
@@ -192,6 +200,18 @@ class Entry:
 
     def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
         return any(f.explains(row, values) for f in self.fails)
+
+
+def xfail_reason(entries: list[Entry]) -> str:
+    """The reason of a case's strict xfail marker, which pytest prints with the case: one line
+    of at most REASON_MAX characters -- the entry numbers, then their reasons, cut at a word
+    with '...' where several do not fit (the whole of each is in the registry and the report)."""
+    nums = ", ".join(str(e.number) for e in entries)
+    text = (f"xfail entr{'y' if len(entries) == 1 else 'ies'} {nums}: "
+            + " | ".join(" ".join(e.reason.split()) for e in entries))
+    if len(text) <= REASON_MAX:
+        return text
+    return text[:REASON_MAX - 3].rsplit(" ", 1)[0] + "..."
 
 
 def coords(case: Case, device: str) -> dict[str, str]:

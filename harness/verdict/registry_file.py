@@ -5,11 +5,14 @@ unreadable file -- each one line naming the file and the line, e.g.::
     scenarios/xfails.yaml: line 14: duplicate key 'match' (first at line 12); a mapping may
     name each key once
     scenarios/xfails.yaml: line 9: entries[1] (entry 2): unknown field 'why'; allowed: ...
+    scenarios/xfails.yaml: line 30: entries[3] (entry 4).reason: 412 characters; a reason is
+    one line of at most 160 naming the defect -- the measurements go to 'details'
     nope.yaml: no such file (an xfail registry is a YAML file with 'entries')
 
-Before, the file went through ``yaml.safe_load``: the later of two ``match:`` keys won without
-a word, and a registry path that did not exist loaded as an empty registry (every known failure
-then ran as a plain failure, and strict-xfail bookkeeping was off unnoticed).
+Strict because a lenient read hides mistakes: with ``yaml.safe_load`` the later of two
+``match:`` keys wins without a word, and a registry path that does not exist would load as an
+empty registry (every known failure then runs as a plain failure, and strict-xfail bookkeeping
+is off unnoticed).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from harness.verdict.registry import (
     ENTRY_KEYS,
     EVIDENCE,
     FAILURE_KEYS,
+    REASON_MAX,
     SIZE_METRICS,
     Entry,
     Failure,
@@ -121,8 +125,7 @@ def _entry(f: _File, n: int, item, allowed: set[str]) -> Entry:
         key = sorted(extra, key=str)[0]
         raise f.error(at + (key,), f"{where}: unknown field {key!r}; allowed: "
                                    f"{', '.join(sorted(ENTRY_KEYS))}")
-    if not item.get("reason"):
-        raise f.error(at, f"{where}: every entry needs a reason")
+    reason, details = _reason(f, at, where, item)
     match = item.get("match") or {}
     if not isinstance(match, dict) or not match:
         raise f.error(at + ("match",), f"{where}.match: must select at least one coordinate")
@@ -144,7 +147,7 @@ def _entry(f: _File, n: int, item, allowed: set[str]) -> Entry:
     if workaround is not None:
         _check_workaround(f, at + ("workaround",), f"{where}.workaround", workaround, fails)
     return Entry(
-        number=n, line=f.lines.get(at, 0), match=sel, reason=str(item["reason"]).strip(),
+        number=n, line=f.lines.get(at, 0), match=sel, reason=reason, details=details,
         fails=fails, link=str(item.get("link", "")), versions=versions,
         capability=(_spec(f, at + ("capability",), f"{where}.capability", cap)
                     if cap is not None else None),
@@ -160,6 +163,24 @@ def _evidence(f: _File, keys: tuple, where: str, raw) -> tuple[str, ...]:
             raise f.error(keys, f"{where}: {x!r} is not <commit>:<path> (a recorded run in git "
                                 f"history, e.g. a9e4b78:reports/gpu/<run>)")
     return tuple(items)
+
+
+def _reason(f: _File, at: tuple, where: str, item: dict) -> tuple[str, str]:
+    """(reason, details): the reason one line of at most REASON_MAX characters, since pytest
+    prints it with every xfailed case; the measurements belong in ``details``."""
+    reason = str(item.get("reason") or "").strip()
+    if not reason:
+        raise f.error(at, f"{where}: every entry needs a reason")
+    if "\n" in reason or len(reason) > REASON_MAX:
+        what = "several lines" if "\n" in reason else f"{len(reason)} characters"
+        raise f.error(at + ("reason",), f"{where}.reason: {what}; a reason is one line of at "
+                                        f"most {REASON_MAX} characters naming the defect -- "
+                                        f"the measurements go to 'details'")
+    details = item.get("details")
+    if details is not None and not isinstance(details, str):
+        raise f.error(at + ("details",), f"{where}.details: must be text, not "
+                                         f"{type(details).__name__}")
+    return reason, (details or "").strip()
 
 
 def _spec(f: _File, keys: tuple, where: str, text) -> SpecifierSet:

@@ -107,8 +107,8 @@ def own_gpu(env, local_rank: int) -> int:
     """Before CUDA starts: the rank's GPU (r mod G of the launch's) made the only one it sees,
     so threads and processes that never call ``set_device`` -- DCP's async-save thread and its
     stager (``torch.cuda.current_stream()`` in its CPU loader), which take the rank's
-    environment -- use that GPU, not GPU 0 (2x H100, 2026-11-27: every rank of GPU 1 made a
-    second CUDA context on GPU 0 in its async saves, and GPU 0 ran out of memory). The device
+    environment -- use that GPU, not GPU 0 (else every rank of GPU 1 makes a second CUDA
+    context on GPU 0 in its async saves, and GPU 0 runs out of memory). The device
     index to use (0, or r mod G where the launch named no GPUs)."""
     ids = [i for i in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
     if not ids:

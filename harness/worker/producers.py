@@ -16,7 +16,7 @@ reshard phase (the target mesh)::
     reshard_load  -> resharded  a fresh model + optimizer on the target mesh, loaded
 
 A producer that loads a checkpoint calls ``art.load_fn`` (``checkpoint.load`` unless a
-registry entry's workaround replaced it, see ``harness/workarounds.py``).
+registry entry's workaround replaced it, see ``harness/worker/workarounds.py``).
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 ``dcp.async_save(..., async_checkpointer_type=PROCESS)`` runs each rank's save in a stager
 process that DCP starts with ``multiprocessing``'s *spawn* method: a fresh Python that imports
-torch and DCP, then the library under test while it unpickles the first state dict. On one
-H100 with the whole TE matrix the stagers were a quarter of all the CPU samples of the run
-(py-spy over every process), 85% of it those imports. Where the rank's launch came from the
-rank server (``harness/launch/rank_server.py``, whose preload imported all of that), the
-stager is forked from the server instead: the launch's environment tells the ranks the server's
-socket (``SERVER_VAR``), and :func:`context` gives DCP a ``multiprocessing`` context whose
-processes the server forks (``multiprocessing``'s forkserver protocol, over that socket).
+torch and DCP, then the library under test while it unpickles the first state dict -- with
+many ranks, a large share of a run's CPU time goes to those imports. Where the rank's launch
+came from the rank server (``harness/launch/rank_server.py``, whose preload imported all of
+that), the stager is forked from the server instead: the launch's environment tells the ranks
+the server's socket (``SERVER_VAR``), and :func:`context` gives DCP a ``multiprocessing``
+context whose processes the server forks (``multiprocessing``'s forkserver protocol, over that
+socket).
 
 A forked stager is not the rank's child: it takes the rank's environment, nice value and log,
 and dies with its rank (a thread waits on the rank's pidfd) -- killing a launch's ranks ends

@@ -3,10 +3,9 @@ without TE).
 
 With ``device_id`` bound (the worker's NCCL launches) a new NCCL group is a split of the
 launch's communicator that every rank must join; the sharding_invariance twin's one-rank group,
-made by rank 0 alone, waited there for good in every world-2 launch of a 2x H100 run
-(2026-11-27: no case of the world-2 half ran in 400 s). These cases run the twin (bf16, Float8
-current scaling: the recipes it stands for on two slices) under ``--gpu-share never``, in a
-subprocess bounded as a user's run would be.
+made by rank 0 alone, waited there for good in every world-2 launch (no case of the world-2
+half ran). These cases run the twin (bf16, Float8 current scaling: the recipes it stands for on
+two slices) under ``--gpu-share never``, in a subprocess bounded as a user's run would be.
 """
 
 import pytest

@@ -3,7 +3,7 @@
 Runs a few TE cases with every rank on a shared GPU over gloo (``--gpu-share always``), as a
 user would (pytest with the plugin, in a subprocess), and compares them with the committed
 shared run of the same cases (tests/fixtures/gpu/h100x1-te2.20.2-invariance: those cases' rows
-of a whole-matrix run on one H100 with the current_scale_group workaround): each case's
+of a whole-matrix run with the current_scale_group workaround): each case's
 outcome and -- where this GPU is the recorded one's model and TE the recorded version -- each
 check's element counts exactly and its other measurements and the losses closely. The cases are
 bf16 and Float8CurrentScaling; a 4-rank TP case through the #2713 port is among them.
@@ -69,8 +69,8 @@ def test_outcomes_are_the_recorded_ones(shared_run):
 
 def test_measured_values_are_the_recorded_ones(shared_run):
     """Counts (differing elements, violations) exactly; float measurements and the losses to a
-    relative 1e-4. Not bit for bit: this test's first run on the recorded GPU model (one H100,
-    2026-11-25) compared every value exactly and found fp32_parity values differing from the
+    relative 1e-4. Not bit for bit: this test's first run on the recorded GPU model compared
+    every value exactly and found fp32_parity values differing from the
     recorded run in their last digits (update_norms rel-L2 0.000937 in both at 3 significant
     digits) -- values measured against the FP32 reference, recomputed in each run; the
     round trips' element counts were equal."""

@@ -5,8 +5,7 @@ Before, LlamaStack's FP32 reference, computed after the case's DelayedScaling st
 case's amax buffers: its final te.LayerNorm (a te.ops module) under ``te.autocast(enabled=False)``
 counted as TE's first FP8 module, and its backward reduced the buffered amaxes over the world on
 rank 0 alone -- over NCCL the case hung, over gloo its reference failed ("Connection closed by
-peer"). It passed only where another case had cached that reference first (2x H100,
-2026-11-27).
+peer"). It passed only where another case had cached that reference first.
 """
 
 from pathlib import Path

@@ -64,7 +64,11 @@ def test_report_sections(rendered):
     assert f"removed case <code>{case_id('synth', E)}" in text
     # drift alerts: B grew 10x over its baseline at run 5 and is still flagged at run 7+
     assert "series drifted" in text and "grew 10x" in text
-    # ledger
+    # ledger: the one-line reason, and under it the failures named and the measurements
+    assert "TP params lose their DTensor placement on load" in text
+    assert re.search(r"<details><summary>details</summary><div class=\"sub\">fails: "
+                     r"<code>reshard</code></div><p>measured 12/40 elements differing after a "
+                     r"dp2xtp2 -&gt; dp4 reshard</p></details>", text)
     assert "ok: failed as expected" in text
     assert "stale: passes now" in text
     assert "stale: never matched a case" in text

@@ -17,8 +17,8 @@ TE 2.20.2 also overrides the group per tensor, after the PR was written: every
 that tensor-level group first. So the port also wraps ``fsdp_pre_all_gather`` (:func:`install`,
 a class patch for the case's duration): after TE's, a shard of an FSDP2 unit whose TE modules
 the port configured gets their weight group as its tensor-level one. Without it TP shards train
-on with a scale each (measured: one H100, 2026-11-25, 40/40 current-scaling TP cases,
-quantized_allgather_parity's ``shards_share_scale``). Piece off: TE's choice stays.
+on with a scale each (quantized_allgather_parity's ``shards_share_scale`` fails). Piece off:
+TE's choice stays.
 """
 
 from __future__ import annotations

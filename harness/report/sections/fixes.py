@@ -1,6 +1,6 @@
 """Fix verification and mutants: each fix off on its own (reference ``fixes: no_<fix>``) and each
 mutant of the installed TE (te ``mutation: no_<fix>``) must fail (xfail), the clean case must
-pass; and one table over both with the mutation score (``harness/mutation_score.py``)."""
+pass; and one table over both with the mutation score (``harness/verdict/mutation_score.py``)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,8 @@ def ledger(ctx: ReportContext) -> dict:
                             for k, v in zip(("scenario", "backend", "device"), c))
                         for c in combos)
         rows.append(entry_row(e.number, e.line, e.match, e.reason, e.link, matched,
-                              scenario_latest, exercised=exercised))
+                              scenario_latest, exercised=exercised, details=e.details,
+                              fails=e.failures_text))
     # entries seen in the history that the registry no longer has
     for n in sorted(set(int(x) for x in matched["entry"]) - {e.number for e in entries}):
         m = matched[matched["entry"] == n]
@@ -72,8 +73,9 @@ def ledger(ctx: ReportContext) -> dict:
 
 def entry_row(n: int, line: int, match: dict | None, reason: str, link: str,
               matched: pd.DataFrame, scenario_latest: dict[str, set], gone: bool = False,
-              exercised: bool = True) -> dict:
-    """One ledger line: what the entry matches, how often, the outcomes and its status."""
+              exercised: bool = True, details: str = "", fails: str = "") -> dict:
+    """One ledger line: what the entry matches, how often, the outcomes and its status; the
+    failures it names and its details (the measurements behind the one-line reason)."""
     m = matched[matched["entry"] == n]
     latest_m = m[np.array([ri in scenario_latest.get(s, ()) for s, ri in
                            zip(m["scenario"], m["run_index"])], dtype=bool)]
@@ -83,7 +85,7 @@ def entry_row(n: int, line: int, match: dict | None, reason: str, link: str,
     return {"number": n, "line": line,
             "match": (", ".join(f"{k}={'|'.join(v)}" for k, v in match.items()) if match
                       else "(unknown)"),
-            "reason": reason, "link": link,
+            "reason": reason, "link": link, "details": details, "fails": fails,
             "link_is_url": link.startswith(("http://", "https://")),
             "n_latest": len(latest_m), "n_all": len(m), "n_runs": m["run_id"].nunique(),
             "outcomes": list(Counter(m["case_outcome"]).items()),
