@@ -149,3 +149,8 @@ def test_populations_from_variant_rows():
                           where=Population.of_case(case, "cpu", "gloo"), how="on demand")
     assert t.rel_l2 == pytest.approx(2 * got[key]["p99"])
     assert t.reason.startswith("on demand: 2x the p99") and "n=10" in t.source
+    # one world's variants make no population of all world sizes
+    assert not any("*" in (k[8], k[9]) for k in got)
+    other = dataclasses.replace(Population.of_case(case, "cpu", "gloo"), world_size=4)
+    with pytest.raises(MissingTolerance):
+        tolerances.lookup("fp32_parity", "params", "bf16", measured=got, where=other)

@@ -67,6 +67,7 @@ def test_te_delayed_scaling_has_a_whole_batch_twin():
     assert TEBackend().twin_whole_batch(c) and not TEBackend().twin_whole_batch(case("dp2",
                                                                                     "current"))
     assert not TorchBackend().twin_whole_batch(c)
+    assert "tensor parallelism" in twin.not_applicable(case("dp2xtp2", "delayed"), "te", "cuda")
 
 
 def test_one_slice_has_no_twin():

@@ -120,14 +120,18 @@ def history_rows(case, rows: list[dict], status: str, device: str, pg_backend: s
 
 
 def populations(rows: list[dict]) -> dict[tuple, dict]:
-    """Measurements (``calibration.load``'s form) of the variants' history rows. The variants
-    were judged unjudged or by their own packaged tolerance: both count as samples."""
+    """Measurements (``calibration.load``'s form) of the variants' history rows, at the finest
+    level only -- (configuration, module, world size) -- since one group's variants measure one
+    world: a pooled level made of them would stand for worlds it never ran. The variants were
+    judged unjudged or by their own packaged tolerance: both count as samples."""
     if not rows:
         return {}
     df = pd.DataFrame(rows)
     df["row_outcome"] = df["row_outcome"].replace({UNJUDGED: "pass"})
     out = {}
     for r in derive.measured(df):
+        if derive.ANY in (r["module"], r["world_size"]):
+            continue
         key = tuple(str(r[k]) for k in ("check", "quantity", "recipe", "loss", *POPULATION,
                                         "metric"))
         out[key] = dict(n=int(r["n"]), p99=float(r["p99"]), max=float(r["max"]))
