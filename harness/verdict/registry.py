@@ -45,7 +45,6 @@ recipe the GPU cannot run) are skips decided by the backend, never entries here.
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +52,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.spec.matrix import Case
+from harness.verdict import regex_guard
 
 CASE_KEYS = ("scenario", "backend", "device")
 CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
@@ -80,11 +80,20 @@ class Failure:
     beyond: tuple[tuple[str, float], ...] = ()  # (metric, value it must exceed)
 
     def matches(self, row: dict) -> bool:
-        """The row is of this check / quantity / message, whatever its size."""
+        """The row is of this check / quantity / message, whatever its size. The message
+        search is time-limited (regex_guard): RegistryError when it runs past the limit."""
         return (row["check"] == self.check
                 and (self.quantity is None or row["quantity"] == self.quantity)
-                and (self.message is None or re.search(self.message, row.get("detail", ""))
-                     is not None))
+                and (self.message is None or self._search(row.get("detail", ""))))
+
+    def _search(self, detail: str) -> bool:
+        try:
+            return regex_guard.search(self.message, detail) is not None
+        except regex_guard.RegexTimeout:
+            raise RegistryError(
+                f"xfail message regex /{self.message}/ ({self.check}) did not finish within "
+                f"{regex_guard.MATCH_SECONDS:g} s on a detail of {len(detail)} characters; "
+                f"simplify it (fewer unbounded repeats)") from None
 
     def happened(self, row: dict, values: dict[str, float] | None = None) -> bool:
         """Matches, is at least as large as ``beyond`` asks and measured every metric ``up_to``
@@ -145,10 +154,11 @@ class Entry:
     versions: dict[str, SpecifierSet] = field(default_factory=dict)
     capability: SpecifierSet | None = None
     workaround: str | None = None
+    file: str = "xfails.yaml"  # the registry file's name, for the label
 
     @property
     def label(self) -> str:
-        return f"xfail entry {self.number} (xfails.yaml line {self.line})"
+        return f"xfail entry {self.number} ({self.file} line {self.line})"
 
     def xfail_reason(self) -> str:
         s = f"{self.label}: {', '.join(map(str, self.fails))} fails: {self.reason}"

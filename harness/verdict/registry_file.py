@@ -14,7 +14,6 @@ then ran as a plain failure, and strict-xfail bookkeeping was off unnoticed).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import yaml
@@ -22,6 +21,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from harness.spec import strict_yaml
 from harness.spec.base import number_hint
+from harness.verdict import regex_guard
 from harness.verdict.registry import (
     CASE_KEYS,
     ENTRY_KEYS,
@@ -147,7 +147,7 @@ def _entry(f: _File, n: int, item, allowed: set[str]) -> Entry:
         fails=fails, link=str(item.get("link", "")), versions=versions,
         capability=(_spec(f, at + ("capability",), f"{where}.capability", cap)
                     if cap is not None else None),
-        workaround=workaround)
+        workaround=workaround, file=f.path.name)
 
 
 def _spec(f: _File, keys: tuple, where: str, text) -> SpecifierSet:
@@ -180,10 +180,9 @@ def _failures(f: _File, keys: tuple, where: str, raw) -> tuple[Failure, ...]:
                                           f"{', '.join(UNITS)}")
         msg = item.get("message")
         if msg is not None:
-            try:
-                re.compile(str(msg))
-            except re.error as e:
-                raise f.error(k + ("message",), f"{w}.message: bad regex: {e}") from None
+            why = regex_guard.problem(str(msg))
+            if why:
+                raise f.error(k + ("message",), f"{w}.message: {why}") from None
         q = item.get("quantity")
         strict = item.get("strict", True)
         if not isinstance(strict, bool):
