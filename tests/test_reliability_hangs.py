@@ -103,3 +103,42 @@ def test_sigterm_ends_a_clean_up_that_never_ends():
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def _smoke_with_seeds(tmp_path, n_seeds: int):
+    text = open(os.path.join(ROOT, "scenarios", "smoke.yaml")).read()
+    text = text.replace("  reshard: [none, to_dp2, to_dp4]\n",
+                        "  reshard: [none, to_dp2, to_dp4]\n"
+                        f"  seed: [{', '.join(map(str, range(n_seeds)))}]\n")
+    text = text.replace("name: smoke", "name: huge")
+    scen = tmp_path / "scen"
+    scen.mkdir()
+    (scen / "huge.yaml").write_text(text)
+    return scen / "huge.yaml"
+
+
+def test_a_matrix_past_the_limit_is_refused_at_collection(tmp_path):
+    """4.5 million combinations: one line with the size and the axes, within a memory ceiling
+    and a time limit (before: --collect-only grew to 24 GB until it was OOM-killed)."""
+    path = _smoke_with_seeds(tmp_path, 10_000)
+    out = _python(f"""
+        import sys, pytest
+        sys.exit(pytest.main(["-p", "harness.plugin", "-p", "no:cacheprovider", "-q",
+                              "--collect-only", "--no-report", "--scenario", {str(path)!r},
+                              "--rootdir", {str(tmp_path)!r}]))
+        """, timeout=180, mem_bytes=6 << 30)
+    text = out.stdout + out.stderr
+    assert out.returncode == 4, text[-2000:]
+    assert ("the axes multiply to 4,500,000 cases (recipe 2 x mesh 5 x module 5 x dcp 3 x "
+            "reshard 3 x seed 10,000), more than the 100,000 a run may hold") in text
+
+
+def test_duplicate_case_rows_are_an_error(tmp_path):
+    from harness.spec.scenario import ScenarioError, load_scenario
+    text = open(os.path.join(ROOT, "scenarios", "smoke.yaml")).read()
+    row = "  - {recipe: fp32, mesh: dp2, module: LayerNormMLP, dcp: sync, reshard: to_dp4}\n"
+    p = tmp_path / "smoke.yaml"
+    p.write_text(text.replace(row, row + row.replace("{recipe: fp32, mesh: dp2",
+                                                     "{mesh: dp2, recipe: fp32")))
+    with pytest.raises(ScenarioError, match=r"smoke.yaml: cases\[1\]: repeats cases\[0\]"):
+        load_scenario(p)
