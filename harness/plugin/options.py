@@ -60,6 +60,10 @@ def validate(config) -> None:
     if t is not None and not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
         _fail(f"--case-timeout {t:g}: must be a number of seconds > 0 (and <= "
               f"{MAX_TIMEOUT_S:g})")
+    t = config.getoption("model_check_timeout", None)
+    if t is not None and not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
+        _fail(f"--model-check-timeout {t:g}: must be a number of seconds > 0 (and <= "
+              f"{MAX_TIMEOUT_S:g})")
     _positive_int(config, "max_world_size", "--max-world-size")
     _positive_int(config, "world_size", "--world-size")
     _positive_int(config, "nnodes", "--nnodes", MAX_NODES)
