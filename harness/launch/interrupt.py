@@ -1,16 +1,13 @@
 """Ctrl-C and SIGTERM: stop a run within seconds, leave nothing running, keep what finished.
 :func:`install` makes SIGTERM raise KeyboardInterrupt like SIGINT (a CI cancel takes pytest's
 interrupted path: every launch's ``finally`` kills its processes, finished cases are written,
-the rest recorded ``interrupted``); :func:`deferred` holds both while clean-up runs, for at most
-``GRACE_S`` after the first one arrives: clean-up that does not end (a hung write, a regex
-backtracking) cannot keep a stopped run alive. Signal handlers change only in the main thread;
-elsewhere these are no-ops.
+the rest recorded ``interrupted``); :func:`deferred` holds both while clean-up runs (bounded).
+Signal handlers change only in the main thread; elsewhere these are no-ops.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -18,8 +15,6 @@ from pathlib import Path
 
 HELD = (signal.SIGINT, signal.SIGTERM)
 INTERRUPTED = "interrupted"  # case outcome and status of a case the run stopped before it ended
-# clean-up's time after a stop signal (the finished cases' history write takes well under it)
-GRACE_S = 10.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -53,30 +48,21 @@ def uninstall(previous) -> None:
 
 
 @contextmanager
-def deferred(grace_s: float = GRACE_S):
-    """Run the block with SIGINT / SIGTERM held; deliver a held signal when it ends, or
-    ``grace_s`` after the first one arrived if the block is still running then (a
-    KeyboardInterrupt raised in the block)."""
+def deferred(grace_s: float = 10.0):
+    """Run the block with SIGINT / SIGTERM held; deliver them when it ends, or in it (as a
+    KeyboardInterrupt) ``grace_s`` after the first: a hung clean-up cannot outlive a stop."""
     if not _main_thread():
         yield
         return
-    got: list[int] = []
-    timers: list[threading.Timer] = []
-    forced = threading.Event()
-
-    def force(signum):
-        forced.set()
-        os.kill(os.getpid(), signum)  # the handler runs in the main thread, in the block
+    got: list[int] = []  # the held signals; 0 once the grace is over
+    late = threading.Timer(grace_s, lambda: (got.append(0), signal.raise_signal(got[0])))
 
     def hold(signum, frame):
-        if forced.is_set():
-            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}: clean-up did not "
-                                    f"end within {grace_s:g} s of the stop")
+        if 0 in got:
+            raise KeyboardInterrupt(f"clean-up did not end within {grace_s:g} s of the stop")
         got.append(signum)
-        if not timers:
-            timers.append(threading.Timer(grace_s, force, (signum,)))
-            timers[0].daemon = True
-            timers[0].start()
+        if len(got) == 1:
+            late.start()
 
     try:
         old = {s: signal.signal(s, hold) for s in HELD}
@@ -86,13 +72,11 @@ def deferred(grace_s: float = GRACE_S):
     try:
         yield
     finally:
-        for t in timers:
-            t.cancel()
+        late.cancel()
         for s, h in old.items():
             signal.signal(s, h)
-        if not forced.is_set():
-            for s in dict.fromkeys(got):
-                signal.raise_signal(s)  # handled by the restored handler (KeyboardInterrupt)
+        for s in dict.fromkeys(got if 0 not in got else ()):
+            signal.raise_signal(s)  # handled by the restored handler (KeyboardInterrupt)
 
 
 def stacks_on_sigusr1(path: Path):
