@@ -5,7 +5,7 @@ import yaml
 
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
-from harness.verdict import registry_file
+from harness.verdict import registry, registry_file
 from harness.verdict.registry import RegistryError
 
 AXES = {"recipe", "mesh", "module", "dcp", "reshard", "fixes"}
@@ -244,3 +244,23 @@ def test_entries_naming_disjoint_quantities_of_one_check_both_apply(tmp_path, ca
         == [1, 2]
     with pytest.raises(RegistryError, match="both name dcp_roundtrip/state"):
         r.match(cases["bf16-dp2xtp2-LayerNormMLP-sync-none-all"], "cpu", ENV)
+
+
+def test_entries_whose_cases_were_deselected_are_not_stale(tmp_path, cases):
+    """A -k subset of a scenario (issue 61): the entries of the cases it left out matched no
+    case of the run, but select cases of the scenario's matrix -- not stale. Only an entry
+    that selects nothing of the matrix is."""
+    r = reg(tmp_path, """\
+        entries:
+          - match: {scenario: s, recipe: bf16}
+            fails: {check: train}
+            reason: its cases were deselected
+          - match: {scenario: s, mesh: dp8}
+            fails: {check: train}
+            reason: never matches
+        """)
+    ran = [c for c in cases.values() if c.recipe == "fp32"]
+    for c in ran:
+        r.match(c, "cpu", ENV)
+    matrix = [registry.coords(c, "cpu") for c in cases.values()]
+    assert [e.number for e in r.stale({"s"}, matrix=matrix)] == [2]

@@ -235,14 +235,19 @@ class Registry:
                 return [e for e in self.entries if e.selects(clean) and e.applies(env)]
         return None
 
-    def stale(self, scenarios: set[str], backend: str | None = None) -> list[Entry]:
-        """Entries for the scenarios (and backend) this run ran cases of that matched none."""
+    def stale(self, scenarios: set[str], backend: str | None = None,
+              matrix: list[dict[str, str]] | None = None) -> list[Entry]:
+        """Entries for the scenarios (and backend) this run ran cases of that matched none.
+        ``matrix``: the coordinates of every case of those scenarios, selected or not; an
+        entry that selects one of them is not stale -- its cases were deselected (``-k``,
+        ``-m``, ``--world-size``) or skipped here, not gone."""
         out = []
         for e in self.entries:
             pats = e.match.get("scenario", ["*"])
             backends = e.match.get("backend", ["*"])
             if backend is not None and not any(fnmatch.fnmatchcase(backend, b) for b in backends):
                 continue
-            if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number]:
+            if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number] \
+                    and not any(e.selects(c) for c in matrix or ()):
                 out.append(e)
         return out
