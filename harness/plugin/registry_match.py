@@ -44,13 +44,14 @@ class RegistryMatch:
                 reason=" | ".join(e.xfail_reason() for e in entries), strict=True,
                 raises=CaseFailed))
 
-    def warn_stale(self, collected: dict, backend: str, matrix: list[dict[str, str]]) -> None:
+    def warn_stale(self, collected: dict, backend: str, matrix: dict, device: str) -> None:
         """One short line for each entry of a scenario that ran that selects no case of its
-        whole matrix (``matrix``: every case's coordinates; ``collected``: case id ->
+        whole matrix (``matrix``: scenario -> all its cases; ``collected``: case id ->
         (outcome, info)). Entries whose cases were only deselected or skipped say nothing: a
         ``-k`` subset is quiet."""
         ran = {info["scenario"] for o, info in collected.values() if o != "skipped"}
-        for e in self.registry.stale(ran, backend, matrix):
+        coords = [registry.coords(c, device) for cases in matrix.values() for c in cases]
+        for e in self.registry.stale(ran, backend, coords):
             warnings.warn(pytest.PytestWarning(
                 f"{e.label} selects no case of the scenarios it names ({_match_text(e)}); "
                 f"remove it if the failure is gone for good"))

@@ -29,7 +29,7 @@ from harness.plugin.selection import ScenarioSelection, project_root
 from harness.results import write as results
 from harness.results.run_record import RunRecord
 from harness.spec.matrix import Case
-from harness.verdict import registry, registry_file
+from harness.verdict import registry_file
 
 
 class HarnessSession:
@@ -177,9 +177,7 @@ class HarnessSession:
             rec.write(self.run_id, meta, list(self.selection.paths), self.xfails.path)
         if stopped or not rec.collected:
             return
-        self.xfails.warn_stale(rec.collected, self.backend, [
-            registry.coords(c, self.device) for cases in self.selection.cases.values()
-            for c in cases])
+        self.xfails.warn_stale(rec.collected, self.backend, self.selection.cases, self.device)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.record.collected and self.worker_id is None:
