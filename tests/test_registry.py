@@ -264,3 +264,12 @@ def test_entries_whose_cases_were_deselected_are_not_stale(tmp_path, cases):
         r.match(c, "cpu", ENV)
     matrix = [registry.coords(c, "cpu") for c in cases.values()]
     assert [e.number for e in r.stale({"s"}, matrix=matrix)] == [2]
+
+
+def test_labels_name_the_registry_file_it_came_from(tmp_path, cases):
+    """Issue 61: an XPASS of an entry of known.yaml was labeled "xfails.yaml"."""
+    p = tmp_path / "known.yaml"
+    p.write_text("entries:\n  - match: {recipe: bf16}\n    fails: {check: train}\n    reason: r\n")
+    [e] = registry_file.load(p, AXES).entries
+    assert e.label == "xfail entry 1 (known.yaml line 2)"
+    assert "xfail entry 1 (known.yaml line 2)" in e.xfail_reason()
