@@ -273,3 +273,50 @@ def test_labels_name_the_registry_file_it_came_from(tmp_path, cases):
     [e] = registry_file.load(p, AXES).entries
     assert e.label == "xfail entry 1 (known.yaml line 2)"
     assert "xfail entry 1 (known.yaml line 2)" in e.xfail_reason()
+
+
+def test_an_unknown_quantity_is_refused_at_load(tmp_path):
+    """Issue 61: ``update_normz`` was accepted and surfaced later as an XPASS."""
+    p = tmp_path / "xfails.yaml"
+    p.write_text("entries:\n  - match: {recipe: bf16}\n"
+                 "    fails: {check: fp32_parity, quantity: update_normz}\n    reason: r\n")
+    with pytest.raises(RegistryError) as e:
+        registry_file.load(p, AXES)
+    assert ("xfails.yaml: line 3: entries[0] (entry 1).fails.quantity: fp32_parity reports no "
+            "quantity 'update_normz' (did you mean 'update_norms'?); its quantities: ") in str(e.value)
+
+
+@pytest.mark.parametrize("quantity", ["update_norms", "error", "time", "fc.same_tensor"])
+def test_known_quantities_load(tmp_path, quantity):
+    check = "tied_weights" if quantity.endswith("same_tensor") else "fp32_parity"
+    p = tmp_path / "xfails.yaml"
+    p.write_text(f"entries:\n  - match: {{recipe: bf16}}\n"
+                 f"    fails: {{check: {check}, quantity: {quantity}}}\n    reason: r\n")
+    assert registry_file.load(p, AXES).entries[0].fails[0].quantity == quantity
+
+
+def test_the_catalog_lists_every_quantity_a_check_reports():
+    """Every ``rec.compare / flag / measure / note(CHECK, "quantity", ...)`` under harness/
+    with a literal quantity names one catalog.CHECK_QUANTITIES knows (else a registry entry
+    naming it would be refused)."""
+    import ast
+    import fnmatch
+    from pathlib import Path
+
+    from harness.spec import catalog
+    names = {"NAME": "sharding_invariance", "CHECK_NAME": "tied_weights"}
+    found = set()
+    for path in (Path(__file__).resolve().parent.parent / "harness").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("compare", "flag", "measure", "note")
+                    and len(node.args) >= 2):
+                continue
+            a, q = node.args[:2]
+            check = a.value if isinstance(a, ast.Constant) else names.get(getattr(a, "id", ""))
+            if check in catalog.CHECKS and isinstance(q, ast.Constant):
+                found.add((check, q.value))
+    assert len(found) > 30
+    unknown = sorted((c, q) for c, q in found if q not in catalog.EVERY_UNIT_QUANTITIES
+                     and not any(fnmatch.fnmatchcase(q, p) for p in catalog.CHECK_QUANTITIES[c]))
+    assert unknown == []

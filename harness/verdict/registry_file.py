@@ -14,6 +14,8 @@ then ran as a plain failure, and strict-xfail bookkeeping was off unnoticed).
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 from pathlib import Path
 
 import yaml
@@ -184,6 +186,8 @@ def _failures(f: _File, keys: tuple, where: str, raw) -> tuple[Failure, ...]:
             if why:
                 raise f.error(k + ("message",), f"{w}.message: {why}") from None
         q = item.get("quantity")
+        if q is not None:
+            _check_quantity(f, k + ("quantity",), f"{w}.quantity", check, str(q))
         strict = item.get("strict", True)
         if not isinstance(strict, bool):
             raise f.error(k + ("strict",), f"{w}.strict: must be true or false, not {strict!r}")
@@ -197,6 +201,20 @@ def _failures(f: _File, keys: tuple, where: str, raw) -> tuple[Failure, ...]:
         raise f.error(keys, f"{where}: every failure is strict: false; an entry must name at "
                             f"least one failure that must happen")
     return tuple(out)
+
+
+def _check_quantity(f: _File, keys: tuple, where: str, check: str, q: str) -> None:
+    """A check's quantity must be one it reports (catalog.CHECK_QUANTITIES): a misspelt one
+    (``update_normz``) could never match, and would surface as an XPASS far from the typo."""
+    from harness.spec.catalog import CHECK_QUANTITIES, EVERY_UNIT_QUANTITIES
+    known = CHECK_QUANTITIES.get(check)
+    if known is None or q in EVERY_UNIT_QUANTITIES or \
+            any(fnmatch.fnmatchcase(q, p) for p in known):
+        return
+    near = difflib.get_close_matches(q, known, n=1)
+    raise f.error(keys, f"{where}: {check} reports no quantity {q!r}"
+                        + (f" (did you mean {near[0]!r}?)" if near else "")
+                        + f"; its quantities: {', '.join(known + EVERY_UNIT_QUANTITIES)}")
 
 
 def _sizes(f: _File, keys: tuple, where: str, raw) -> tuple[tuple[str, float], ...]:
