@@ -86,25 +86,23 @@ def probe_bounded(ref: ModelRef, case, backend: str, device: str, needs_tp: bool
     proc.start()
     send.close()
     try:
-        if recv.poll(timeout_s):
-            try:
-                problem = recv.recv()
-            except EOFError:  # ended without a result: exit status below
-                problem = False
-        else:
-            problem = False
-        proc.join(timeout=5 if problem is not False else 0.1)
+        answered = recv.poll(timeout_s)  # a result, or the end of a child that sent none
+        try:
+            problem = recv.recv() if answered else _TIMED_OUT
+        except EOFError:
+            problem = _ENDED
+        proc.join(timeout=5 if answered else 0)
         if problem is None:
             return
-        if problem:
-            raise ModelError(problem)
-        if proc.exitcode is None:
+        if problem is _TIMED_OUT:
             raise ModelError(f"factory {ref.factory} (with its tp_plan and one forward) did not "
                              f"return within {timeout_s:g} s at collection; it was killed "
                              f"(does it wait for something, e.g. a process group or a "
                              f"download?)")
-        raise ModelError(f"factory {ref.factory} ended the process at collection "
-                         f"({_exit_text(proc.exitcode)}) instead of returning a model")
+        if problem is _ENDED:
+            raise ModelError(f"factory {ref.factory} ended the process at collection "
+                             f"({_exit_text(proc.exitcode)}) instead of returning a model")
+        raise ModelError(problem)
     finally:
         recv.close()
         if proc.is_alive():
@@ -112,7 +110,12 @@ def probe_bounded(ref: ModelRef, case, backend: str, device: str, needs_tp: bool
             proc.join(timeout=10)
 
 
-def _exit_text(code: int) -> str:
+_TIMED_OUT, _ENDED = object(), object()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still ending after 5 s"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
