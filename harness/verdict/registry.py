@@ -20,7 +20,9 @@ compute capability, names exactly how the cases fail, and says why and where tha
         link: https://github.com/NVIDIA/TransformerEngine/pull/2795
 
 ``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
-``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
+``catalog.PRODUCERS``) or ``case`` (a timeout / crash); a check's ``quantity`` is one it reports
+(``catalog.CHECK_QUANTITIES``); ``message`` is a regex that cannot backtrack for long
+(``regex_guard``: checked at load, every search time-limited). Semantics are exact
 (``harness/verdict/judge.py``): an entry explains only the failures it names; any other failure
 of the case fails it, naming the entry and what is unexplained. Several entries may apply to one
 case when they name different checks, different quantities of one check, or one check with
