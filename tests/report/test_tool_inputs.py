@@ -136,3 +136,13 @@ def test_the_dashboard_shows_interrupted_cases_as_interrupted(report_dir):
     h = history.load(report_dir / "history")
     cases = h.rows[(h.rows["check"] == "case") & (h.rows["metric"] == "duration_s")]
     assert sorted(outcome(o) for o in cases["case_outcome"]) == ["interrupted", "passed"]
+
+
+def test_the_report_header_counts_interrupted_cases(report_dir, tmp_path):
+    """Before: an interrupted case counted as failed in every section of the report."""
+    from harness.report import drift, html
+    _stopped(report_dir, 0)
+    reg = tmp_path / "xfails.yaml"
+    reg.write_text("entries: []\n")
+    text = html.render(history.load(report_dir / "history"), drift.DriftConfig(), reg)
+    assert "1 interrupted" in text and "1 failed" not in text
