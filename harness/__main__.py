@@ -10,6 +10,12 @@
 
 Scenarios themselves run under pytest: ``pytest --scenario NAME``. To add a subcommand, put its
 logic under ``harness/`` and append a :class:`Command` to ``COMMANDS`` (the one list).
+
+Bad input is one line on stderr and exit status 2, whatever the command: a bad option
+(argparse's usage text is left out: ``--help`` has it), an ``--out`` FILE that is a directory
+or under a file (checked before the command's work), and any file the command cannot read or
+write, or a registry / scenario / history file it cannot use (OSError, decode errors and the
+stages' own errors, caught here rather than shown as tracebacks).
 """
 
 from __future__ import annotations
@@ -19,8 +25,24 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from pathlib import Path
+
 from harness.calibration import command as calibration_command
-from harness.report import bench, cli, rejudge
+from harness.report import bench, cli, outfile, rejudge
+from harness.report.history import HistoryError
+from harness.spec.base import ScenarioError
+from harness.verdict.registry import RegistryError
+
+# errors of bad input (files, their contents): one line and exit 2, never a traceback
+USER_ERRORS = (OSError, UnicodeError, RegistryError, ScenarioError, HistoryError,
+               outfile.OutputError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (its usage text stays with --help)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 @dataclass
@@ -30,6 +52,7 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
     epilog: str | None = None
+    out_file: bool = False  # its --out names a file (checked before it runs)
 
     def register(self, sub) -> None:
         p = sub.add_parser(self.name, help=self.help, description=self.help, epilog=self.epilog,
@@ -40,14 +63,14 @@ class Command:
 
 COMMANDS: list[Command] = [
     Command("report", "write the self-contained HTML report of a results history",
-            cli.report_args, cli.report),
+            cli.report_args, cli.report, out_file=True),
     Command("drift", "flag metrics of the latest run that drift towards their tolerance",
             cli.drift_cmd_args, cli.drift, epilog=cli.DRIFT_EPILOG),
     Command("goldens", "compare the latest run's per-step losses bit for bit with pinned "
                        "goldens (or --update-goldens)", cli.goldens_args, cli.goldens),
     Command("calibrate", "regenerate harness/calibration/measured.csv (the measured errors "
                 "tolerances are derived from) from calibration runs",
-                calibration_command.add_arguments, calibration_command.run),
+                calibration_command.add_arguments, calibration_command.run, out_file=True),
     Command("bench", "run pytest on scenarios and show where the time goes: launch "
                 "phases, seconds per producer and check, checked cases per GPU-minute",
                 bench.add_arguments, bench.run),
@@ -58,7 +81,7 @@ COMMANDS: list[Command] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m harness",
         description="Results history tools of the FSDP2 x TP x DCP correctness harness "
                     "(scenarios run under pytest: pytest --scenario NAME).")
@@ -66,7 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     for cmd in COMMANDS:
         cmd.register(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        if getattr(args, "out", None) is not None and \
+                any(c.out_file and c.name == args.command for c in COMMANDS):
+            outfile.check("--out", Path(args.out))
+        return args.func(args)
+    except USER_ERRORS as e:
+        print(f"python -m harness {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(e: BaseException) -> str:
+    """The error on one line; an OSError with the file it is about."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not a text file ({e.reason} at byte {e.start})"
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

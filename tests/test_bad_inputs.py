@@ -132,10 +132,20 @@ OPTION_CASES = {
                                "--rdzv-endpoint 'head:99999': expected HOST:PORT"),
     "node-launcher quotes": (["--nnodes", "2", "--node-launcher", 'srun "--nodes=2'],
                              "--node-launcher 'srun \"--nodes=2': not a command line"),
-    "work-dir not writable": (["--work-dir", "{tmp}/afile/work"],
-                              "--work-dir {tmp}/afile/work: not writable (Not a directory)"),
-    "report-dir not writable": (["--report-dir", "{tmp}/afile/reports"],
-                                "--report-dir {tmp}/afile/reports: not writable"),
+    "work-dir under a file": (["--work-dir", "{tmp}/afile/work"],
+                              "--work-dir {tmp}/afile/work: not a directory ({tmp}/afile is a "
+                              "file)"),
+    "report-dir under a file": (["--report-dir", "{tmp}/afile/reports"],
+                                "--report-dir {tmp}/afile/reports: not a directory ({tmp}/afile "
+                                "is a file)"),
+    # issue 61: was "not writable (File exists)" / "0.0 MiB free on its filesystem"
+    "report-dir is a file": (["--report-dir", "{tmp}/afile"],
+                             "--report-dir {tmp}/afile: not a directory"),
+    "report-dir under /proc": (["--report-dir", "/proc/harness-no-such/reports"],
+                               "--report-dir /proc/harness-no-such/reports: not writable (No "
+                               "such file or directory)"),
+    "model-check-timeout 0": (["--model-check-timeout", "0"],
+                              "--model-check-timeout 0: must be a number of seconds > 0"),
     "xfail-registry missing": (["--xfail-registry", "{tmp}/xfails.yml"],
                                "--xfail-registry {tmp}/xfails.yml: no such file (an xfail "
                                "registry is a YAML file"),
@@ -165,6 +175,29 @@ def test_bad_option_is_a_one_line_usage_error(pytester, args, message):
     line = next((ln for ln in out.splitlines() if ln.startswith("ERROR: ")), out)
     assert message.replace("{tmp}", tmp) in line, out
     assert "Traceback" not in out and "INTERNALERROR" not in out, out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")
+def test_device_cuda_without_cuda_is_an_error(pytester):
+    """Issue 61: was exit 0, every case skipped and a history written."""
+    ret, out = _run(pytester, "--scenario", "s", "--device", "cuda",
+                    "--report-dir", str(pytester.path / "reports"))
+    assert ret == pytest.ExitCode.USAGE_ERROR, out
+    assert ("ERROR: --device cuda: no CUDA device here (torch.cuda.is_available() is False); "
+            "use --device cpu, or --device auto") in out
+    assert not (pytester.path / "reports" / "history").exists()
+
+
+def test_a_binary_scenario_file_is_named(pytester):
+    """Issue 61: was "'utf-8' codec can't decode byte 0x89" without the file's name."""
+    scen = pytester.path / "bin"
+    scen.mkdir()
+    (scen / "s.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    res = pytester.runpytest_inprocess("-p", "harness.plugin", "-p", "no:cacheprovider",
+                                       "--scenario-dir", str(scen), "--scenario", "s")
+    out = "\n".join(res.outlines + res.errlines)
+    assert res.ret == pytest.ExitCode.USAGE_ERROR, out
+    assert f"{scen / 's.yaml'}: not a text file (invalid start byte at byte 0)" in out, out
 
 
 def test_world_size_without_cases_names_the_world_size(pytester):

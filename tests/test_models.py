@@ -271,3 +271,47 @@ def test_layout_knows_llama_stacks_quantized_weights():
     te = {w.name for w in layout.te_weights("LlamaStack", d)}
     assert "layers.0.self_attention.layernorm_qkv.weight" in te
     assert not any(n.startswith(("embed", "lm_head")) for n in set(ref) | te)
+
+
+BLOCKING = '''
+import os
+import time
+
+
+def blocks(ctx):
+    time.sleep(3600)
+
+
+def exits(ctx):
+    os._exit(3)
+'''
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("byo_blocking:blocks", "factory byo_blocking:blocks (with its tp_plan and one forward) "
+                            "did not return within 3 s at collection; it was killed"),
+    ("byo_blocking:exits", "factory byo_blocking:exits ended the process at collection "
+                           "(exit status 3) instead of returning a model"),
+])
+def test_a_factory_that_blocks_or_exits_is_named(tmp_path, factories, factory, message):
+    """Collection waits for a factory a bounded time, in a process it can kill (issue 61):
+    before, a blocking factory hung the run and one calling os._exit(3) ended it silently."""
+    import time
+    (tmp_path / "byo_blocking.py").write_text(BLOCKING)
+    case = _case(tmp_path, factory)
+    t = time.monotonic()
+    try:
+        with pytest.raises(models.ModelError) as e:
+            model_check.probe_bounded(case.model_ref, case, "torch", "cpu", needs_tp=False,
+                                      timeout_s=3)
+    finally:
+        sys.modules.pop("byo_blocking", None)
+    assert message in str(e.value) and time.monotonic() - t < 30
+
+
+def test_bounded_probe_passes_a_good_factory_and_reports_a_bad_one(tmp_path, factories):
+    case = _case(tmp_path, "byo_factories:build", "byo_factories:plan")
+    model_check.probe_bounded(case.model_ref, case, "torch", "cpu", needs_tp=True)
+    bad = _case(tmp_path, "byo_factories:raises")
+    with pytest.raises(models.ModelError, match="raised RuntimeError: out of coffee"):
+        model_check.probe_bounded(bad.model_ref, bad, "torch", "cpu", needs_tp=False)

@@ -26,3 +26,32 @@ def test_a_passing_run_prints_nothing_on_stderr(tmp_path):
     assert not [w for w in NOISE if w in p.stdout], p.stdout
     logs = list((tmp_path / "reports" / "runs").glob("*/launches/L*/logs/rank*.log"))
     assert len(logs) == 2, logs  # what the ranks said is kept, in the launch logs
+
+
+@pytest.mark.integration
+def test_a_k_subset_is_quiet_about_entries_of_deselected_cases(tmp_path):
+    """Issue 61: ``-k`` running one case of two printed a long warning for each registry entry
+    whose cases were merely deselected. Now only an entry selecting no case of the matrix
+    gets one short line."""
+    scen = tmp_path / "scen"
+    scen.mkdir()
+    (scen / "pair.yaml").write_text(
+        "name: pair\ndescription: two cases\naxes:\n  recipe: [fp32, bf16]\n  mesh: [dp2]\n"
+        "  module: [Linear]\n  dcp: [sync]\n  reshard: [none]\ntimeout_s: 120\n")
+    (scen / "xfails.yaml").write_text(
+        "entries:\n"
+        "  - match: {scenario: pair, recipe: bf16}\n    fails: {check: train}\n"
+        "    reason: DESELECTED-REASON\n"
+        "  - match: {scenario: pair, mesh: dp8}\n    fails: {check: train}\n"
+        "    reason: STALE-REASON\n")
+    p = subprocess.run(pytest_argv("--scenario", "pair", "--scenario-dir", str(scen),
+                                   "--report-dir", str(tmp_path / "reports"), "-q",
+                                   "-k", "fp32"),
+                       cwd=tmp_path, env=harness_env(), capture_output=True, text=True,
+                       timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "1 passed" in p.stdout, out
+    assert "DESELECTED-REASON" not in out and "entry 1 " not in out, out
+    [line] = [ln for ln in out.splitlines() if "xfail entry 2" in ln]
+    assert "selects no case of the scenarios it names (scenario: pair, mesh: dp8)" in line
+    assert "STALE-REASON" not in out and len(line) < 250, line

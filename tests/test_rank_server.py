@@ -216,7 +216,7 @@ def test_a_server_that_forks_nothing_is_bounded(monkeypatch, tmp_path):
         release.set()
         server.stop()
     text = (tmp_path / "log").read_text()
-    assert "the rank server forked no agent within 0s" in text and "a fresh agent" in text
+    assert "the rank server forked no agent within 0.5 s" in text and "a fresh agent" in text
 
 
 @pytest.mark.integration

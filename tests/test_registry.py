@@ -246,3 +246,79 @@ def test_entries_naming_disjoint_quantities_of_one_check_both_apply(tmp_path, ca
         == [1, 2]
     with pytest.raises(RegistryError, match="both name dcp_roundtrip/state"):
         r.match(cases["bf16-dp2xtp2-LayerNormMLP-sync-none-all"], "cpu", ENV)
+
+
+def test_entries_whose_cases_were_deselected_are_not_stale(tmp_path, cases):
+    """A -k subset of a scenario (issue 61): the entries of the cases it left out matched no
+    case of the run, but select cases of the scenario's matrix -- not stale. Only an entry
+    that selects nothing of the matrix is."""
+    r = reg(tmp_path, """\
+        entries:
+          - match: {scenario: s, recipe: bf16}
+            fails: {check: train}
+            reason: its cases were deselected
+          - match: {scenario: s, mesh: dp8}
+            fails: {check: train}
+            reason: never matches
+        """)
+    ran = [c for c in cases.values() if c.recipe == "fp32"]
+    for c in ran:
+        r.match(c, "cpu", ENV)
+    matrix = [registry.coords(c, "cpu") for c in cases.values()]
+    assert [e.number for e in r.stale({"s"}, matrix=matrix)] == [2]
+
+
+def test_labels_name_the_registry_file_it_came_from(tmp_path, cases):
+    """Issue 61: an XPASS of an entry of known.yaml was labeled "xfails.yaml"."""
+    p = tmp_path / "known.yaml"
+    p.write_text("entries:\n  - match: {recipe: bf16}\n    fails: {check: train}\n    reason: r\n")
+    [e] = registry_file.load(p, AXES).entries
+    assert e.label == "xfail entry 1 (known.yaml line 2)"
+    assert "xfail entry 1 (known.yaml line 2)" in e.xfail_reason()
+
+
+def test_an_unknown_quantity_is_refused_at_load(tmp_path):
+    """Issue 61: ``update_normz`` was accepted and surfaced later as an XPASS."""
+    p = tmp_path / "xfails.yaml"
+    p.write_text("entries:\n  - match: {recipe: bf16}\n"
+                 "    fails: {check: fp32_parity, quantity: update_normz}\n    reason: r\n")
+    with pytest.raises(RegistryError) as e:
+        registry_file.load(p, AXES)
+    assert ("xfails.yaml: line 3: entries[0] (entry 1).fails.quantity: fp32_parity reports no "
+            "quantity 'update_normz' (did you mean 'update_norms'?); its quantities: ") in str(e.value)
+
+
+@pytest.mark.parametrize("quantity", ["update_norms", "error", "time", "fc.same_tensor"])
+def test_known_quantities_load(tmp_path, quantity):
+    check = "tied_weights" if quantity.endswith("same_tensor") else "fp32_parity"
+    p = tmp_path / "xfails.yaml"
+    p.write_text(f"entries:\n  - match: {{recipe: bf16}}\n"
+                 f"    fails: {{check: {check}, quantity: {quantity}}}\n    reason: r\n")
+    assert registry_file.load(p, AXES).entries[0].fails[0].quantity == quantity
+
+
+def test_the_catalog_lists_every_quantity_a_check_reports():
+    """Every ``rec.compare / flag / measure / note(CHECK, "quantity", ...)`` under harness/
+    with a literal quantity names one catalog.CHECK_QUANTITIES knows (else a registry entry
+    naming it would be refused)."""
+    import ast
+    import fnmatch
+    from pathlib import Path
+
+    from harness.spec import catalog
+    names = {"NAME": "sharding_invariance", "CHECK_NAME": "tied_weights"}
+    found = set()
+    for path in (Path(__file__).resolve().parent.parent / "harness").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("compare", "flag", "measure", "note")
+                    and len(node.args) >= 2):
+                continue
+            a, q = node.args[:2]
+            check = a.value if isinstance(a, ast.Constant) else names.get(getattr(a, "id", ""))
+            if check in catalog.CHECKS and isinstance(q, ast.Constant):
+                found.add((check, q.value))
+    assert len(found) > 30
+    unknown = sorted((c, q) for c, q in found if q not in catalog.EVERY_UNIT_QUANTITIES
+                     and not any(fnmatch.fnmatchcase(q, p) for p in catalog.CHECK_QUANTITIES[c]))
+    assert unknown == []

@@ -2,6 +2,7 @@
 of the reference backend (tests/scenarios/sized_bugs.yaml; tolerances from
 harness/calibration/measured.csv)."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,13 @@ SCENARIO = Path(__file__).resolve().parent / "scenarios" / "sized_bugs.yaml"
 def sized(tmp_path_factory):
     cases = expand(load_scenario(SCENARIO), "reference")
     root = tmp_path_factory.mktemp("sized")
-    with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
-                   root / "ckpt") as sched:
-        return {(c.recipe, c.ax["fault"]) + ((c.ax["mesh"],) if c.ax["mesh"] != "dp2" else ()):
-                sched.result(c) for c in cases}
+    try:
+        with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
+                       root / "ckpt") as sched:
+            return {(c.recipe, c.ax["fault"]) + ((c.ax["mesh"],) if c.ax["mesh"] != "dp2"
+                                                 else ()): sched.result(c) for c in cases}
+    finally:  # the results are in memory; the launches' files are ~300 MB
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _rows(res, check, quantity):

@@ -93,7 +93,7 @@ def wait(pending: Pending | None, timeout_s: float) -> None:
                 if time.monotonic() >= deadline:
                     raise CheckpointSaveError(
                         f"DCP {pending.mode} save to {pending.path} did not finish within "
-                        f"{timeout_s:.0f}s") from None
+                        f"{timeout_s:g} s") from None
     except CheckpointSaveError:
         _stager_failed(pending)
         raise

@@ -77,7 +77,7 @@ def wait(timeout_s: float) -> None:
     if _thread is not None and _thread.is_alive():
         _thread.join(timeout=timeout_s)
         if _thread.is_alive():
-            raise TimeoutError(f"the DCP stager process did not start within {timeout_s:.0f}s")
+            raise TimeoutError(f"the DCP stager process did not start within {timeout_s:g} s")
 
 
 # An async_process save failed or timed out: the stagers' own process group may be out of step

@@ -35,12 +35,13 @@ def existing(directory: Path) -> Path:
 
 def free(directory: Path) -> int | None:
     """Bytes an unprivileged process may still write on ``directory``'s filesystem (None if
-    that cannot be asked)."""
+    that cannot be asked, or the filesystem has no blocks at all: /proc, /sys -- not full,
+    not storage; the write probe then says why nothing can be made there)."""
     try:
         st = os.statvfs(existing(directory))
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize if st.f_blocks else None
 
 
 def shortage(directory: Path, need: int) -> str:

@@ -88,7 +88,7 @@ def results(launch, start, end, hung, timed_out) -> dict:
     if hung is not None:
         results[hung] = TaskResult(
             name=hung, status="timeout", launch=name, seconds=end - task_start,
-            errors={-1: f"timed out after {launch.by_name[hung].case.timeout_s:.0f}s "
+            errors={-1: f"timed out after {launch.by_name[hung].case.timeout_s:g} s "
                         f"(case timeout_s); units running: "
                         f"{_units(launch_dir.units(d, hung))}; ranks' Python stacks below"},
             stacks=launch_dir.read_stacks(d), logs=launch_dir.task_logs(d, hung))

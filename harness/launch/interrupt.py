@@ -1,8 +1,8 @@
 """Ctrl-C and SIGTERM: stop a run within seconds, leave nothing running, keep what finished.
 :func:`install` makes SIGTERM raise KeyboardInterrupt like SIGINT (a CI cancel takes pytest's
 interrupted path: every launch's ``finally`` kills its processes, finished cases are written,
-the rest recorded ``interrupted``); :func:`deferred` holds both while clean-up runs. Signal
-handlers change only in the main thread; elsewhere these are no-ops.
+the rest recorded ``interrupted``); :func:`deferred` holds both while clean-up runs (bounded).
+Signal handlers change only in the main thread; elsewhere these are no-ops.
 """
 
 from __future__ import annotations
@@ -48,15 +48,21 @@ def uninstall(previous) -> None:
 
 
 @contextmanager
-def deferred():
-    """Run the block with SIGINT / SIGTERM held; deliver a held signal when it ends."""
+def deferred(grace_s: float = 10.0):
+    """Run the block with SIGINT / SIGTERM held; deliver them when it ends, or in it (as a
+    KeyboardInterrupt) ``grace_s`` after the first: a hung clean-up cannot outlive a stop."""
     if not _main_thread():
         yield
         return
-    got: list[int] = []
+    got: list[int] = []  # the held signals; 0 once the grace is over
+    late = threading.Timer(grace_s, lambda: (got.append(0), signal.raise_signal(got[0])))
 
     def hold(signum, frame):
+        if 0 in got:
+            raise KeyboardInterrupt(f"clean-up did not end within {grace_s:g} s of the stop")
         got.append(signum)
+        if len(got) == 1:
+            late.start()
 
     try:
         old = {s: signal.signal(s, hold) for s in HELD}
@@ -66,9 +72,10 @@ def deferred():
     try:
         yield
     finally:
+        late.cancel()
         for s, h in old.items():
             signal.signal(s, h)
-        for s in dict.fromkeys(got):
+        for s in dict.fromkeys(got if 0 not in got else ()):
             signal.raise_signal(s)  # handled by the restored handler (KeyboardInterrupt)
 
 

@@ -16,7 +16,7 @@ import re
 import signal
 from pathlib import Path
 
-from harness.launch import fork_agent
+from harness.launch import fork_agent, oom
 from harness.launch.tasks import RANK_STAMPS, TaskResult
 
 LOG_TAIL = 6000
@@ -184,8 +184,8 @@ def crash_account(d: Path, task) -> str:
     """One line: which ranks died how, in which unit, and the task's checkpoint directory."""
     exits = rank_exits(tail(d / "torchrun.log", 20000), pid_ranks(d))
     where = units(d, task.name)
-    dead = ", ".join(f"rank {r} {how}" for r, how in sorted(exits.items())) or \
-        "no rank's exit status in torchrun's log"
+    dead = oom.explain(", ".join(f"rank {r} {how}" for r, how in sorted(exits.items()))
+                       or "no rank's exit status in torchrun's log")
     during = ", ".join(f"rank {r} in {u}" for r, u in sorted(where.items()))
     return (f"{dead}; units running: {during or 'unknown'}; checkpoint directory "
             f"{task.ckpt_dir}")

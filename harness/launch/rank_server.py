@@ -150,7 +150,7 @@ class RankServer:
             if p.pid is not None and not started.is_alive():
                 return ForkedAgent(p)
             self.broken = f"the rank server could not fork an agent ({errors[0]!r})" if errors \
-                else f"the rank server forked no agent within {timeout_s:.0f}s"
+                else f"the rank server forked no agent within {timeout_s:g} s"
             with contextlib.suppress(OSError):
                 os.kill(self.pid, signal.SIGKILL)  # (the blocked start then fails: EOF)
         if not self.told:

@@ -49,6 +49,9 @@ def pytest_addoption(parser):
                 help="do not write history / summary to the results store")
     g.addoption("--case-timeout", type=float, default=None, metavar="S",
                 help="override every scenario's per-case timeout_s")
+    g.addoption("--model-check-timeout", type=float, default=None, metavar="S",
+                help="how long collection waits for each scenario model's factory, TP plan "
+                     "and first forward (default: %s s)" % model_check.PROBE_TIMEOUT_S)
     g.addoption("--keep-work", action="store_true",
                 help="keep checkpoints (normally deleted at the end of the run)")
     g.addoption("--work-dir", default=None, metavar="DIR",
@@ -148,7 +151,8 @@ def _check_models(hs: HarnessSession) -> None:
     """The scenarios' own model factories (imports the backend)."""
     for n, cases in hs.selection.cases.items():
         model_check.check_scenario(hs.selection.specs[n], cases, hs.env.backend_obj, hs.backend,
-                                   hs.device)
+                                   hs.device, hs.config.getoption("model_check_timeout")
+                                   or model_check.PROBE_TIMEOUT_S)
 
 
 class _XdistHooks:

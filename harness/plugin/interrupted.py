@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from harness.launch.interrupt import INTERRUPTED
 from harness.verdict import judge as verdict
+from harness.verdict import registry
 
 
 def unfinished(hs, collected: dict):
@@ -34,7 +35,14 @@ def _item_outcome(hs, item) -> tuple[str, dict]:
         info.update(status=INTERRUPTED, summary=SUMMARY)
         return INTERRUPTED, info
     item.result = res
-    return _outcome(hs, item, res), item.info()
+    try:
+        outcome, why = _outcome(hs, item, res), ""
+    except registry.RegistryError as e:  # an entry's message regex ran past its time limit
+        outcome, why = "failed", str(e)
+    info = item.info()
+    if why:
+        info["summary"] = why
+    return outcome, info
 
 
 def _outcome(hs, item, res) -> str:

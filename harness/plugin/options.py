@@ -60,6 +60,13 @@ def validate(config) -> None:
     if t is not None and not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
         _fail(f"--case-timeout {t:g}: must be a number of seconds > 0 (and <= "
               f"{MAX_TIMEOUT_S:g})")
+    t = config.getoption("model_check_timeout", None)
+    if t is not None and not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
+        _fail(f"--model-check-timeout {t:g}: must be a number of seconds > 0 (and <= "
+              f"{MAX_TIMEOUT_S:g})")
+    if config.getoption("device", None) == "cuda" and not _cuda_available():
+        _fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False); use "
+              "--device cpu, or --device auto to have the cases that need a GPU skipped")
     _positive_int(config, "max_world_size", "--max-world-size")
     _positive_int(config, "world_size", "--world-size")
     _positive_int(config, "nnodes", "--nnodes", MAX_NODES)
@@ -82,11 +89,23 @@ def validate(config) -> None:
                   "--ntasks-per-node=1\"")
 
 
+def _cuda_available() -> bool:
+    """Asked only for an explicit ``--device cuda``: a run asked to use a GPU that is not
+    there is a usage error, not a run of skips that reads as green."""
+    import torch
+    return torch.cuda.is_available()
+
+
 def check_writable(flag: str, directory: Path, need: int = 0) -> None:
     """``need`` bytes free on ``directory``'s filesystem (asked of the directory, or of the
     ancestor it would be made in: nothing is created on a full disk), then create
     ``directory`` if needed and write a probe file into it (what the run will do; permission
-    bits alone say nothing for root or on a read-only mount)."""
+    bits alone say nothing for root or on a read-only mount). A path that is, or is under, a
+    file is "not a directory", said first."""
+    at = disk.existing(directory)
+    if not at.is_dir():
+        _fail(f"{flag} {directory}: not a directory"
+              + ("" if at == Path(directory).absolute() else f" ({at} is a file)"))
     short = disk.shortage(directory, need) if need else ""
     if short:
         _fail(f"{flag} {directory}: {short}")

@@ -44,11 +44,18 @@ class RegistryMatch:
                 reason=registry.xfail_reason(entries), strict=True,
                 raises=CaseFailed))
 
-    def warn_stale(self, collected: dict, backend: str) -> None:
-        """A warning for each entry of a scenario that ran that matched none of its cases
-        (``collected``: case id -> (outcome, info))."""
+    def warn_stale(self, collected: dict, backend: str, matrix: dict, device: str) -> None:
+        """One short line for each entry of a scenario that ran that selects no case of its
+        whole matrix (``matrix``: scenario -> all its cases; ``collected``: case id ->
+        (outcome, info)). Entries whose cases were only deselected or skipped say nothing: a
+        ``-k`` subset is quiet."""
         ran = {info["scenario"] for o, info in collected.values() if o != "skipped"}
-        for e in self.registry.stale(ran, backend):
+        coords = [registry.coords(c, device) for cases in matrix.values() for c in cases]
+        for e in self.registry.stale(ran, backend, coords):
             warnings.warn(pytest.PytestWarning(
-                f"{e.label} matched no case of this run ({e.reason}); remove it if the "
-                f"failure is gone for good"))
+                f"{e.label} selects no case of the scenarios it names ({_match_text(e)}); "
+                f"remove it if the failure is gone for good"))
+
+
+def _match_text(e: registry.Entry) -> str:
+    return ", ".join(f"{k}: {'|'.join(v)}" for k, v in e.match.items())

@@ -191,4 +191,4 @@ def _finish(hs, exitstatus) -> None:
         rec.write(hs.run_id, meta, list(hs.selection.paths), hs.xfails.path)
     if stopped or not rec.collected:
         return
-    hs.xfails.warn_stale(rec.collected, hs.backend)
+    hs.xfails.warn_stale(rec.collected, hs.backend, hs.selection.cases, hs.device)

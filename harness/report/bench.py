@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import pandas as pd
 
 from harness.calibration import derive
 from harness.launch.tasks import END_PHASES, START_PHASES, task_wall
+from harness.report import outfile
 
 PHASES = START_PHASES + END_PHASES
 
@@ -48,6 +50,8 @@ PHASES = START_PHASES + END_PHASES
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", required=True, help="name of this measurement (file name)")
     p.add_argument("--out", default="reports/bench", help="where <label>.json goes")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing <label>.json (never done without this flag)")
     p.add_argument("--no-cache", action="store_true",
                    help="run pytest without its cache (-p no:cacheprovider): the scheduler then "
                         "has no task seconds of an earlier run (harness/plugin/task_seconds.py)")
@@ -199,10 +203,32 @@ def render(label: str, s: dict) -> str:
     return "\n".join(lines)
 
 
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def target(label: str, out: str, force: bool) -> Path:
+    """``<out>/<label>.json``, checked before the run: a label is a plain file name (it cannot
+    leave ``out``), and an earlier result of that name is kept unless ``force``."""
+    if not _LABEL.match(label) or len(label) > 200:
+        raise outfile.OutputError(f"--label {label!r}: must be a plain name of letters, digits, "
+                                  f"'.', '_' or '-' (it names <label>.json in {out})")
+    path = Path(out) / f"{label}.json"
+    outfile.check("--out", path)
+    if path.exists() and not force:
+        raise outfile.OutputError(f"--label {label}: {path} already exists (an earlier "
+                                  f"result); choose another label, or --force to replace it")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     pytest_args = [a for a in args.pytest_args if a != "--"]
     if not pytest_args:
         print("give the pytest arguments after --, e.g. -- --scenario smoke", file=sys.stderr)
+        return 2
+    try:
+        dest = target(args.label, args.out, args.force)
+    except outfile.OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     given = next((pytest_args[i + 1] for i, a in enumerate(pytest_args[:-1])
                   if a == "--report-dir"), None)
@@ -229,8 +255,11 @@ def run(args: argparse.Namespace) -> int:
     s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc,
              valid=rc == 0 and not s["outcomes"].get("failed", 0))
     print(render(args.label, s))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.label}.json").write_text(json.dumps(s, indent=1, default=str))
-    print(f"wrote {out / (args.label + '.json')}")
+    try:
+        outfile.write_text("--out", dest, json.dumps(s, indent=1, default=str),
+                           overwrite=args.force)
+    except outfile.OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {dest}")
     return 0 if s["valid"] else 1

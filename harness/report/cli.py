@@ -15,6 +15,7 @@ from harness.report import drift as drift_mod
 from harness.report import goldens as goldens_mod
 from harness.report import history as history_mod
 from harness.results import store as store_mod
+from harness.report import outfile
 
 DEFAULT_GOLDENS = Path("goldens")
 
@@ -73,20 +74,31 @@ def _drift_args(p: argparse.ArgumentParser) -> None:
                    help="growth to values at or below V is never flagged (default: %(default)s)")
 
 
+_positive_int.__name__ = "positive integer"  # argparse's "invalid <name> value: 'x'"
+_positive_float.__name__ = "positive number"
+
+
 def _config(args) -> drift_mod.DriftConfig:
     return drift_mod.DriftConfig(baseline_runs=args.baseline_runs, growth=args.growth,
                                  fraction=args.fraction, min_value=args.min_value)
 
 
-def load_history(path: Path) -> history_mod.History | None:
-    """The history, with skipped files on stderr; None (after a message) when nothing is usable."""
+def load_history(path: Path, complete_only: bool = False) -> history_mod.History | None:
+    """The history, with skipped files on stderr; None (after a message) when nothing is usable.
+    ``complete_only``: without interrupted runs (each named on stderr)."""
+    if path.exists() and not path.is_dir():
+        print(f"error: --history {path}: not a directory (a history is a directory of "
+              f"<run_id>.parquet files)", file=sys.stderr)
+        return None
     if not path.is_dir():
         print(f"error: history directory {path} does not exist (run a scenario first: "
               f"pytest --scenario smoke)", file=sys.stderr)
         return None
-    h = history_mod.load(path)
+    h = history_mod.load(path, complete_only=complete_only)
     for line in history_mod.format_problems(h.problems):
         print(f"warning: {line}", file=sys.stderr)
+    for line in history_mod.format_interrupted(h):
+        print(f"note: {line}", file=sys.stderr)
     if h.empty:
         print(f"error: no usable runs in {path} (run a scenario first: pytest --scenario smoke)",
               file=sys.stderr)
@@ -108,17 +120,23 @@ def report_args(p):
 
 def report(args) -> int:
     from harness.report import html
+    try:
+        outfile.check("--out", args.out)  # before the rendering, not after it
+    except outfile.OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     h = load_history(history_path(args))
     if h is None:
         return 2
     out = args.out or store_mod.store_dir(args.store) / "report.html"
     reg = args.registry if args.registry is not None else html.default_registry(h)
     text = html.render(h, _config(args), reg, title=args.title)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
-    print(f"wrote {out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
+    try:
+        outfile.write_text("--out", args.out, text)
+    except outfile.OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
           f"{h.latest['run_id']}" + (f"; skipped {len(h.problems)} file(s)" if h.problems else ""))
     return 0
 
@@ -134,7 +152,7 @@ def drift_cmd_args(p):
 
 
 def drift(args) -> int:
-    h = load_history(history_path(args))
+    h = load_history(history_path(args), complete_only=True)  # a stopped run is no latest value
     if h is None:
         return 2
     cfg = _config(args)

@@ -50,6 +50,8 @@ class History:
     runs: pd.DataFrame  # one row per run, oldest first (run_index 0 .. R-1)
     problems: list[tuple[Path, str]] = field(default_factory=list)
     directory: Path | None = None
+    # runs left out by ``load(complete_only=True)``: (run id, interrupted cases, cases)
+    interrupted: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -187,8 +189,16 @@ def file_date(path: Path) -> pd.Timestamp:
     return date
 
 
-def load(directory: str | Path) -> History:
-    """Every valid run under ``directory`` (non-recursive), oldest first."""
+def _count_cases(f: pd.DataFrame, outcome: str | None = None) -> int:
+    case = (f["check"] == "case") & (f["metric"] == "duration_s")
+    return int((case & (f["case_outcome"] == outcome)).sum() if outcome else case.sum())
+
+
+def load(directory: str | Path, complete_only: bool = False) -> History:
+    """Every valid run under ``directory`` (non-recursive), oldest first. ``complete_only``:
+    without the runs a stop signal cut short (a case ``interrupted``): such a run is not a
+    result -- its latest values are missing, not unchanged -- so drift and rejudge leave it
+    out and say so (``History.interrupted``)."""
     directory = Path(directory)
     problems: list[tuple[Path, str]] = []
     frames, metas = [], []
@@ -221,12 +231,17 @@ def load(directory: str | Path) -> History:
         frames.append(_normalize(df, meta))
         metas.append(meta)
 
+    stopped = []
+    if complete_only:
+        cut = [(m, f) for m, f in zip(metas, frames) if _count_cases(f, "interrupted")]
+        stopped = [(m["run_id"], _count_cases(f, "interrupted"), _count_cases(f)) for m, f in cut]
+        kept = [(m, f) for m, f in zip(metas, frames) if not _count_cases(f, "interrupted")]
+        metas, frames = [m for m, _ in kept], [f for _, f in kept]
     runs = pd.DataFrame([_run_record(m) for m in metas],
                         columns=RUN_FIELDS + ["scenarios", "n_cases", "date_ts", "file", "hw",
                                              "meta"])
     if metas:
-        n_cases = {m["run_id"]: int(((f["check"] == "case") & (f["metric"] == "duration_s")).sum())
-                   for m, f in zip(metas, frames)}
+        n_cases = {m["run_id"]: _count_cases(f) for m, f in zip(metas, frames)}
         runs["n_cases"] = runs["run_id"].map(n_cases)
         runs = runs.sort_values(["date_ts", "run_id"], na_position="first", kind="stable")
         runs = runs.reset_index(drop=True)
@@ -243,7 +258,8 @@ def load(directory: str | Path) -> History:
         runs["run_index"] = pd.Series(dtype=int)
         rows = pd.DataFrame(columns=list(results.ROW_COLUMNS) + list(results.META_COLUMNS)
                             + ["run_index", "run_date", "hw"])
-    return History(rows=rows, runs=runs, problems=problems, directory=directory)
+    return History(rows=rows, runs=runs, problems=problems, directory=directory,
+                   interrupted=stopped)
 
 
 def _run_record(meta: dict) -> dict:
@@ -268,3 +284,8 @@ def _run_record(meta: dict) -> dict:
 
 def format_problems(problems: list[tuple[Path, str]]) -> list[str]:
     return [f"skipped {p}: {why}" for p, why in problems]
+
+
+def format_interrupted(h: History) -> list[str]:
+    return [f"skipped run {rid}: interrupted ({n} of {total} cases did not finish); a stopped "
+            f"run is not a result" for rid, n, total in h.interrupted]

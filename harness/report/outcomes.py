@@ -12,13 +12,15 @@ from __future__ import annotations
 import pandas as pd
 
 #: worst first: a cell takes the colour of its worst case
-SEVERITY = ["failed", "xpassed", "xfailed", "skipped", "passed"]
-SHORT = {"failed": "fail", "xpassed": "xpass", "xfailed": "xfail", "skipped": "skip",
-         "passed": "pass"}
+SEVERITY = ["failed", "xpassed", "interrupted", "xfailed", "skipped", "passed"]
+SHORT = {"failed": "fail", "xpassed": "xpass", "interrupted": "stopped", "xfailed": "xfail",
+         "skipped": "skip", "passed": "pass"}
 MEANING = {
     "failed": "a check failed (or the case crashed / timed out) and no xfail entry explains it",
     "xpassed": "matched an xfail entry but passed: the entry is stale, remove it (strict xfail: "
                "this fails the run)",
+    "interrupted": "the run was stopped (Ctrl-C / SIGTERM) before this case finished: no "
+                   "result, neither a pass nor a failure",
     "xfailed": "failed as an xfail entry of scenarios/xfails.yaml says it should (known bug)",
     "skipped": "not run here (e.g. needs more ranks, or a recipe this GPU cannot run)",
     "passed": "every check passed",

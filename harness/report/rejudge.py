@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.report.history import load
+from harness.report.history import format_interrupted, load
 from harness.spec import catalog
 from harness.spec.matrix import Case
 from harness.verdict import judge as verdict
@@ -88,13 +89,25 @@ def _margin(op: str, v: float, bound: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    reg = registry_file.load(args.registry, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))
+    """Exit 0: no verdict changes; 1: some change; 2: bad input (one line on stderr)."""
+    try:
+        reg = registry_file.load(args.registry, set(catalog.CORE_AXES) | set(catalog.EXTRA_AXES))
+    except registry.RegistryError as e:
+        print(f"error: --registry: {e}", file=sys.stderr)
+        return 2
     import pandas as pd
     frames = []
     for d in args.history:
-        h = load(d)
+        if not Path(d).is_dir():
+            why = "not a directory" if Path(d).exists() else "no such directory"
+            print(f"error: --history {d}: {why} (a history is a directory of <run_id>.parquet "
+                  f"files)", file=sys.stderr)
+            return 2
+        h = load(d, complete_only=True)  # a stopped run's unfinished cases are no verdicts
         for path, why in h.problems:
             print(f"skipped {path}: {why}")
+        for line in format_interrupted(h):
+            print(line)
         frames.append(h.rows)
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if rows.empty:
@@ -104,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
         from harness.report import retolerance
         rows, n = retolerance.apply(rows)
         print(f"{n} calibrated comparisons change outcome under today's tolerances")
-    cases, sizes = rejudge(rows, reg)
+    try:
+        cases, sizes = rejudge(rows, reg)
+    except registry.RegistryError as e:  # two entries for one case, a regex past its limit
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     changed = [c for c in cases if c["was"] != c["now"]]
     print(f"{len(cases)} recorded cases judged against {args.registry}: "
           + ", ".join(f"{n} {w} -> {v}" for (w, v), n in

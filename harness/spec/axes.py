@@ -109,10 +109,17 @@ def _parse_rules(path, field_name, raw, axes) -> list[dict[str, list[str]]]:
     if not isinstance(raw, list):
         _fail(path, field_name, "must be a list of {axis: value-or-list-or-glob} rules")
     rules = []
+    seen: dict[str, int] = {}  # a rule written out -> its first index
     for i, rule in enumerate(raw):
         where = f"{field_name}[{i}]"
         if not isinstance(rule, dict) or not rule:
             _fail(path, where, "each rule is a non-empty mapping {axis: value(s)}")
+        key = repr(sorted((str(a), sorted(map(str, v)) if isinstance(v, list) else str(v))
+                          for a, v in rule.items()))
+        if key in seen:  # thousands of copies of one rule: silently slow, never meant
+            _fail(path, where, f"repeats {field_name}[{seen[key]}]; each rule selects once, "
+                               f"remove the copy")
+        seen[key] = i
         parsed = {}
         for axis, pats in rule.items():
             if axis not in axes and axis != "backend":

@@ -118,6 +118,28 @@ PRODUCERS = {
     "reshard_load": "a fresh model + optimizer on the target mesh, loaded from the checkpoint",
 }
 UNITS = tuple(PRODUCERS) + tuple(CHECKS) + ("case",)
+# The quantities each check reports (a row's ``quantity``; globs where a name is built, e.g.
+# a tied group's label). Every unit also reports "error" (it raised) and "time"; producers and
+# "case" name theirs freely (a backend's notes). An xfail entry naming a quantity a check never
+# reports could never match: refused at load (tests/test_registry.py checks this list against
+# what harness/checks reports).
+CHECK_QUANTITIES = {
+    "fp32_parity": ("loss", "grads", "params", "stored_params", "update_norms",
+                    "params_updated"),
+    "sharding_invariance": ("loss", "grads", "params", "stored_params"),
+    "dcp_roundtrip": ("state", "cached_buffers", "rebuilt_buffers", "next_loss", "next_params"),
+    "async_equivalence": ("bytes", "isolation"),
+    "reshard": ("state", "next_loss", "next_params"),
+    "quantized_allgather_parity": ("has_quantized_params", "shards_share_scale",
+                                   "quantized_unshard", "dequantized_vs_manual_gather",
+                                   "raw_vs_manual_gather", "raw_not_compared",
+                                   "vs_fp32_gather_then_quantize", "bytes_on_wire"),
+    "optimizer_state_placement": ("dtensor_states", "fp32_states"),
+    "weights_only_load": ("raw_parts", "rebuilt_buffers"),
+    "safetensors_export": ("fp32_dtypes", "in_state", "vs_state", "vs_quantized"),
+    "tied_weights": ("has_tied_weights", "*.same_tensor", "*.values", "*.optimizer"),
+}
+EVERY_UNIT_QUANTITIES = ("error", "time", "workaround")
 RESHARD_PRODUCERS = ("expected", "reshard_load")  # the reshard phase's
 # the quantity of the note a case gets whose train phase another case's train task ran
 # (harness/launch/task_graph.py): its train-phase rows are that training's, counted once

@@ -14,6 +14,7 @@ import dataclasses
 import fnmatch
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -147,6 +148,24 @@ def numerics_of(spec: ScenarioSpec, backend: str, axes: dict[str, str]) -> str:
     return numerics_key(model, spec.train, spec.models.get(axes.get("module")))
 
 
+# the most combinations of axis values a scenario may have: collecting a case takes ~1 kB and
+# a run checks a few hundred cases a minute, so a matrix past this is a mistake (an axis of
+# thousands of values), refused before anything is built rather than growing until it is killed
+MAX_CASES = 100_000
+
+
+def check_size(spec: ScenarioSpec, backend: str, limit: int = MAX_CASES) -> None:
+    """ScenarioError when the axes multiply to more than ``limit`` combinations: the size and
+    the axes that multiply to it (computed from the axes' lengths, nothing expanded)."""
+    sizes = {a: len(spec.axis_values(a, backend)) for a in spec.axes}
+    total = math.prod(sizes.values())
+    if total > limit:
+        big = " x ".join(f"{a} {n:,}" for a, n in sizes.items())
+        raise ScenarioError(f"{spec.path}: the axes multiply to {total:,} cases ({big}), more "
+                            f"than the {limit:,} a run may hold; split the scenario or shorten "
+                            f"its longest axes")
+
+
 def _matches(axes: dict[str, str], rules: list[dict[str, list[str]]]) -> bool:
     """True when ``axes`` matches every key of at least one rule (values are globs)."""
     return any(all(any(fnmatch.fnmatchcase(axes[a], p) for p in pats) for a, pats in rule.items())
@@ -156,9 +175,10 @@ def _matches(axes: dict[str, str], rules: list[dict[str, list[str]]]) -> bool:
 def expand(spec: ScenarioSpec, backend: str = catalog.DEFAULT_BACKEND) -> list[Case]:
     """All cases of ``spec`` for ``backend``, in deterministic order.
 
-    Raises ScenarioError when a mesh cannot split the model dims, or when excludes leave
-    nothing to run.
+    Raises ScenarioError when the axes multiply past MAX_CASES (before expanding), when a mesh
+    cannot split the model dims, or when excludes leave nothing to run.
     """
+    check_size(spec, backend)
     names = list(spec.axes)
     value_lists = [spec.axis_values(a, backend) for a in names]
     cases = []

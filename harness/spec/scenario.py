@@ -250,6 +250,11 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
         raise ScenarioError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not a text file ({e.reason} at byte {e.start}); a "
+                            f"scenario is a UTF-8 YAML file") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read ({e.strerror or e})") from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: a scenario file is a YAML mapping")
     unknown = set(raw) - TOP_LEVEL

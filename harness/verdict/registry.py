@@ -28,7 +28,9 @@ on which cases, and why the sizes are what they are goes to ``details``, which t
 xfail ledger shows next to the reason.
 
 ``check`` is a check, a producer (``train``, ``save``, ``load``, ``reshard_load``, ...; see
-``catalog.PRODUCERS``) or ``case`` (a timeout / crash). Semantics are exact
+``catalog.PRODUCERS``) or ``case`` (a timeout / crash); a check's ``quantity`` is one it reports
+(``catalog.CHECK_QUANTITIES``); ``message`` is a regex that cannot backtrack for long
+(``regex_guard``: checked at load, every search time-limited). Semantics are exact
 (``harness/verdict/judge.py``): an entry explains only the failures it names; any other failure
 of the case fails it, naming the entry and what is unexplained. Several entries may apply to one
 case when they name different checks, different quantities of one check, or one check with
@@ -56,7 +58,6 @@ recipe the GPU cannot run) are skips decided by the backend, never entries here.
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.spec.matrix import Case
+from harness.verdict import regex_guard
 
 CASE_KEYS = ("scenario", "backend", "device")
 CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
@@ -94,11 +96,20 @@ class Failure:
     beyond: tuple[tuple[str, float], ...] = ()  # (metric, value it must exceed)
 
     def matches(self, row: dict) -> bool:
-        """The row is of this check / quantity / message, whatever its size."""
+        """The row is of this check / quantity / message, whatever its size. The message
+        search is time-limited (regex_guard): RegistryError when it runs past the limit."""
         return (row["check"] == self.check
                 and (self.quantity is None or row["quantity"] == self.quantity)
-                and (self.message is None or re.search(self.message, row.get("detail", ""))
-                     is not None))
+                and (self.message is None or self._search(row.get("detail", ""))))
+
+    def _search(self, detail: str) -> bool:
+        try:
+            return regex_guard.search(self.message, detail) is not None
+        except regex_guard.RegexTimeout:
+            raise RegistryError(
+                f"xfail message regex /{self.message}/ ({self.check}) did not finish within "
+                f"{regex_guard.MATCH_SECONDS:g} s on a detail of {len(detail)} characters; "
+                f"simplify it (fewer unbounded repeats)") from None
 
     def happened(self, row: dict, values: dict[str, float] | None = None) -> bool:
         """Matches, is at least as large as ``beyond`` asks and measured every metric ``up_to``
@@ -161,10 +172,11 @@ class Entry:
     workaround: str | None = None
     evidence: tuple[str, ...] = ()  # <commit>:<path> of recorded runs
     details: str = ""  # the measurements behind the reason (shown by the HTML report)
+    file: str = "xfails.yaml"  # the registry file's name, for the label
 
     @property
     def label(self) -> str:
-        return f"xfail entry {self.number} (xfails.yaml line {self.line})"
+        return f"xfail entry {self.number} ({self.file} line {self.line})"
 
     @property
     def failures_text(self) -> str:
@@ -252,14 +264,19 @@ class Registry:
                 return [e for e in self.entries if e.selects(clean) and e.applies(env)]
         return None
 
-    def stale(self, scenarios: set[str], backend: str | None = None) -> list[Entry]:
-        """Entries for the scenarios (and backend) this run ran cases of that matched none."""
+    def stale(self, scenarios: set[str], backend: str | None = None,
+              matrix: list[dict[str, str]] | None = None) -> list[Entry]:
+        """Entries for the scenarios (and backend) this run ran cases of that matched none.
+        ``matrix``: the coordinates of every case of those scenarios, selected or not; an
+        entry that selects one of them is not stale -- its cases were deselected (``-k``,
+        ``-m``, ``--world-size``) or skipped here, not gone."""
         out = []
         for e in self.entries:
             pats = e.match.get("scenario", ["*"])
             backends = e.match.get("backend", ["*"])
             if backend is not None and not any(fnmatch.fnmatchcase(backend, b) for b in backends):
                 continue
-            if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number]:
+            if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number] \
+                    and not any(e.selects(c) for c in matrix or ()):
                 out.append(e)
         return out

@@ -17,7 +17,8 @@ is off unnoticed).
 
 from __future__ import annotations
 
-import re
+import difflib
+import fnmatch
 from pathlib import Path
 
 import yaml
@@ -25,6 +26,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from harness.spec import strict_yaml
 from harness.spec.base import number_hint
+from harness.verdict import regex_guard
 from harness.verdict.registry import (
     CASE_KEYS,
     ENTRY_KEYS,
@@ -152,7 +154,7 @@ def _entry(f: _File, n: int, item, allowed: set[str]) -> Entry:
         capability=(_spec(f, at + ("capability",), f"{where}.capability", cap)
                     if cap is not None else None),
         workaround=workaround, evidence=_evidence(f, at + ("evidence",), f"{where}.evidence",
-                                                  item.get("evidence")))
+                                                  item.get("evidence")), file=f.path.name)
 
 
 def _evidence(f: _File, keys: tuple, where: str, raw) -> tuple[str, ...]:
@@ -213,11 +215,12 @@ def _failures(f: _File, keys: tuple, where: str, raw) -> tuple[Failure, ...]:
                                           f"{', '.join(UNITS)}")
         msg = item.get("message")
         if msg is not None:
-            try:
-                re.compile(str(msg))
-            except re.error as e:
-                raise f.error(k + ("message",), f"{w}.message: bad regex: {e}") from None
+            why = regex_guard.problem(str(msg))
+            if why:
+                raise f.error(k + ("message",), f"{w}.message: {why}") from None
         q = item.get("quantity")
+        if q is not None:
+            _check_quantity(f, k + ("quantity",), f"{w}.quantity", check, str(q))
         strict = item.get("strict", True)
         if not isinstance(strict, bool):
             raise f.error(k + ("strict",), f"{w}.strict: must be true or false, not {strict!r}")
@@ -231,6 +234,20 @@ def _failures(f: _File, keys: tuple, where: str, raw) -> tuple[Failure, ...]:
         raise f.error(keys, f"{where}: every failure is strict: false; an entry must name at "
                             f"least one failure that must happen")
     return tuple(out)
+
+
+def _check_quantity(f: _File, keys: tuple, where: str, check: str, q: str) -> None:
+    """A check's quantity must be one it reports (catalog.CHECK_QUANTITIES): a misspelt one
+    (``update_normz``) could never match, and would surface as an XPASS far from the typo."""
+    from harness.spec.catalog import CHECK_QUANTITIES, EVERY_UNIT_QUANTITIES
+    known = CHECK_QUANTITIES.get(check)
+    if known is None or q in EVERY_UNIT_QUANTITIES or \
+            any(fnmatch.fnmatchcase(q, p) for p in known):
+        return
+    near = difflib.get_close_matches(q, known, n=1)
+    raise f.error(keys, f"{where}: {check} reports no quantity {q!r}"
+                        + (f" (did you mean {near[0]!r}?)" if near else "")
+                        + f"; its quantities: {', '.join(known + EVERY_UNIT_QUANTITIES)}")
 
 
 def _sizes(f: _File, keys: tuple, where: str, raw) -> tuple[tuple[str, float], ...]:

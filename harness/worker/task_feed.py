@@ -37,7 +37,7 @@ def tasks(root: Path, plan: dict, on_idle: Callable[[], None] = lambda: None) ->
             idle_since = time.monotonic()
             on_idle()
         elif time.monotonic() - idle_since > limit:
-            print(f"no task fed for {limit:.0f}s: ending this launch", flush=True)
+            print(f"no task fed for {limit:g} s: ending this launch", flush=True)
             return
         time.sleep(poll)
         poll = min(IDLE_POLL_S, poll * 2)  # 0.02, 0.04, ... 0.2 s: longer the longer it waits

@@ -40,7 +40,8 @@ def header(ctx: ReportContext) -> dict:
     cases = case_rows(h.run_rows(r["run_id"]))
     counts = Counter(outcome(o) for o in cases["case_outcome"])
     n_drift = len(ctx.drift.flags)
-    bad = counts.get("failed", 0) + counts.get("xpassed", 0) + n_drift
+    bad = counts.get("failed", 0) + counts.get("xpassed", 0) + counts.get("interrupted", 0) \
+        + n_drift
     gpu = r["gpu_name"] or ("none" if r["device"] == "cpu" else "?")
     return {
         "run_id": r["run_id"],
@@ -62,7 +63,8 @@ def header(ctx: ReportContext) -> dict:
         "n_runs": len(h.runs),
         "directory": str(h.directory or "?"),
         "n_cases": len(cases),
-        "counts": [(o, counts.get(o, 0)) for o in reversed(SEVERITY)],
+        "counts": [(o, counts.get(o, 0)) for o in reversed(SEVERITY)
+                   if o != "interrupted" or counts.get(o)],  # a stopped run says so
         "n_drift": n_drift,
         "all_good": bad == 0,
     }
