@@ -120,23 +120,23 @@ def report_args(p):
 
 def report(args) -> int:
     from harness.report import html
+    out = args.out or store_mod.store_dir(args.store) / "report.html"
     try:
-        outfile.check("--out", args.out)  # before the rendering, not after it
+        outfile.check("--out", out)  # before the rendering, not after it
     except outfile.OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     h = load_history(history_path(args))
     if h is None:
         return 2
-    out = args.out or store_mod.store_dir(args.store) / "report.html"
     reg = args.registry if args.registry is not None else html.default_registry(h)
     text = html.render(h, _config(args), reg, title=args.title)
     try:
-        outfile.write_text("--out", args.out, text)
+        outfile.write_text("--out", out, text)
     except outfile.OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
+    print(f"wrote {out} ({len(text.encode()) // 1024} KiB): {len(h.runs)} run(s), latest "
           f"{h.latest['run_id']}" + (f"; skipped {len(h.problems)} file(s)" if h.problems else ""))
     return 0
 

@@ -58,6 +58,7 @@ recipe the GPU cannot run) are skips decided by the backend, never entries here.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
