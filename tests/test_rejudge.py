@@ -57,7 +57,7 @@ def test_today_s_tolerances_rejudge_numbers_only_comparisons():
     of 0.01 = 0.02); one that failed within its recorded tolerance (a shape mismatch, diverged
     replicas) keeps its failure; no population -> fails."""
     from harness.report import retolerance
-    pop = ("torch", "cpu", "gloo", "C", "*", "LayerNormMLP")
+    pop = ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP")
     measured = {("fp32_parity", "params", "bf16", "mse") + pop + (m,): dict(n=10, p99=0.01,
                                                                          max=0.01)
                 for m in ("max_abs", "rel_l2")}
@@ -78,7 +78,7 @@ def test_a_scenario_s_own_model_is_judged_by_the_loss_it_trained_with():
     regression model: mse, not the next-token models' cross-entropy); an older row of such a
     model, with no loss recorded, keeps its recorded tolerance and outcome."""
     from harness.report import retolerance
-    pop = ("torch", "cpu", "gloo", "C", "*", "*")
+    pop = ("torch", "cpu", "gloo", "C", "2", "*")
     measured = {("fp32_parity", "params", "bf16", loss) + pop + (m,): dict(n=10, p99=p99, max=p99)
                 for loss, p99 in (("mse", 0.01), ("cross_entropy", 0.1))
                 for m in ("max_abs", "rel_l2")}

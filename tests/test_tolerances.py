@@ -12,7 +12,7 @@ from harness.checks.compare import compare
 from harness.calibration.tolerances import Population
 
 WHERE = Population("torch", "cpu", "gloo", 2, "LayerNormMLP", config="C")
-POP = ("torch", "cpu", "gloo", "C", "*", "LayerNormMLP")  # the module over all world sizes
+POP = ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP")  # the module at world 2
 
 
 def _m(check, quantity, recipe, pop, metric, n, p99, mx, loss="mse"):
@@ -33,7 +33,7 @@ def test_lookup_is_factor_times_measured_p99_with_a_floor():
     assert f == 2.0  # issue 33: well under the 3x of pooled populations
     assert t.max_abs == pytest.approx(f * 0.02) and t.rel_l2 == pytest.approx(f * 0.1)
     assert "calibrated: 2x the p99" in t.reason and "over 10 passing cases" in t.reason
-    assert "torch/cpu/gloo at C, all world sizes, LayerNormMLP" in t.reason
+    assert "torch/cpu/gloo at C, world 2, LayerNormMLP" in t.reason
     loss = tolerances.lookup("fp32_parity", "loss", "x", measured=MEASURED, where=WHERE)
     assert loss.max_abs == tolerances.FLOOR and loss.rel_l2 == tolerances.FLOOR
 
@@ -47,23 +47,23 @@ def test_a_max_abs_limit_that_cannot_trip_is_dropped():
 
 
 def test_the_finest_population_with_enough_samples_is_taken():
-    """(module, world) with n < MIN_N falls through to the module over all world sizes; a
-    population of another backend, device or process-group kind is never used."""
-    m = {**MEASURED,
-         **_m("fp32_parity", "params", "x", ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP"),
-              "max_abs", 5, 1.0, 1.0),
-         **_m("fp32_parity", "params", "x", ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP"),
-              "rel_l2", 5, 1.0, 1.0)}
-    assert tolerances.lookup("fp32_parity", "params", "x", measured=m,
-                             where=WHERE).rel_l2 == pytest.approx(0.2)
-    exact = ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP")  # (module, world 2) with n = 10
-    m2 = {**_m("fp32_parity", "params", "x", exact, "max_abs", 10, 0.01, 0.01),
-          **_m("fp32_parity", "params", "x", exact, "rel_l2", 10, 0.05, 0.05)}
-    assert tolerances.lookup("fp32_parity", "params", "x", measured={**m, **m2},
-                             where=WHERE).rel_l2 == pytest.approx(0.1)
+    """(module, world) with n < MIN_N falls through to the world size over all modules; never
+    to another world size, configuration, backend, device or process-group kind."""
+    exact = ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP")
+    world = ("torch", "cpu", "gloo", "C", "2", "*")
+    m = {**_m("fp32_parity", "params", "x", exact, "max_abs", 5, 1.0, 1.0),
+         **_m("fp32_parity", "params", "x", exact, "rel_l2", 5, 1.0, 1.0),
+         **_m("fp32_parity", "params", "x", world, "max_abs", 10, 0.02, 0.02),
+         **_m("fp32_parity", "params", "x", world, "rel_l2", 10, 0.1, 0.1)}
+    t = tolerances.lookup("fp32_parity", "params", "x", measured=m, where=WHERE)
+    assert t.rel_l2 == pytest.approx(0.2) and "world 2, all modules" in t.reason
+    assert t.source == "calibrated torch/cpu/gloo/C/2/* n=10"
+    assert tolerances.lookup("fp32_parity", "params", "x", measured=MEASURED,
+                             where=WHERE).rel_l2 == pytest.approx(0.2)  # (module, world) n=10
     for other in (Population("torch", "cuda", "gloo", 2, "LayerNormMLP", config="C"),
                   Population("torch", "cpu", "nccl", 2, "LayerNormMLP", config="C"),
                   Population("te", "cpu", "gloo", 2, "LayerNormMLP", config="C"),
+                  Population("torch", "cpu", "gloo", 4, "LayerNormMLP", config="C"),
                   Population("torch", "cpu", "gloo", 2, "LayerNormMLP", config="other")):
         with pytest.raises(MissingTolerance, match=r"n=0.*python -m harness calibrate"):
             tolerances.lookup("fp32_parity", "params", "x", measured=m, where=other)
@@ -96,7 +96,7 @@ def test_calibration_takes_passing_runs_of_their_own_population_only():
     rows += [row(i, 0.03, device="cuda") for i in range(10)]
     got = {(r["device"], r["pg_backend"], r["world_size"], r["module"]): r
            for r in derive.measured(pd.DataFrame(rows))}
-    cpu = got[("cpu", "gloo", "*", "*")]
+    cpu = got[("cpu", "gloo", "2", "*")]
     assert (cpu["n"], cpu["max"], cpu["beyond_previous"]) == (10, 0.02, 1)
     assert (got[("cuda", "gloo", "4", "LayerNormMLP")]["n"],
             got[("cuda", "gloo", "4", "LayerNormMLP")]["max"]) == (10, 0.02)
@@ -125,7 +125,7 @@ def test_a_shared_train_phase_is_one_sample():
              for i in range(5)]
     got = {(r["check"], r["world_size"], r["module"]): r
            for r in derive.measured(pd.DataFrame(rows))}
-    assert got[("fp32_parity", "*", "*")]["n"] == 15  # 5 of the 20 were the same trainings
+    assert got[("fp32_parity", "2", "*")]["n"] == 15  # 5 of the 20 were the same trainings
     assert got[("reshard", "2->4", "*")]["n"] == 10
 
 
@@ -179,8 +179,8 @@ def test_a_reshard_is_judged_by_its_own_source_to_target_world():
     got = derive.measured(pd.DataFrame(rows))
     worlds = {(r["check"], r["world_size"], r["module"]): r["n"] for r in got}
     assert worlds[("reshard", "2->2", "*")] == 10 and worlds[("reshard", "2->4", "*")] == 10
-    assert not any(c == "reshard" and w == "*" for c, w, _ in worlds)  # an edge is never pooled
-    assert worlds[("fp32_parity", "*", "*")] == 10
+    assert not any(w == "*" for c, w, _ in worlds)  # a world is never pooled over
+    assert worlds[("fp32_parity", "2", "*")] == 10
     m = {}
     for r in got:
         key = tuple(r[k] for k in calibration.KEY)
@@ -202,31 +202,29 @@ def test_a_reshard_is_judged_by_its_own_source_to_target_world():
 
 
 def test_shipped_calibration_covers_every_calibrated_quantity():
-    """At the calibration scenario's own configuration of each CPU backend, recipe and loss
-    (Case.numerics), every calibrated quantity of worlds 2 and 4 has a population."""
+    """Every (backend, recipe, module, mesh) the CPU calibration scenario runs has a population
+    of every fp32_parity quantity at its own configuration and world size."""
     from pathlib import Path
 
     from harness.calibration.derive import CALIBRATED
     from harness.spec.matrix import expand
     from harness.spec.scenario import load_scenario
     spec = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "calibration.yaml")
+    from harness.backends import get
     for backend in ("reference", "torch"):
-        configs = {(c.recipe, c.ax["module"]): c.numerics for c in expand(spec, backend)}
-        for (recipe, module), config in configs.items():
-            if module not in ("LayerNormMLP", "LlamaStack"):
-                continue
-            loss = "cross_entropy" if module == "LlamaStack" else "mse"
-            for world in (2, 4):
-                for check, quantity in CALIBRATED:
-                    if quantity == "stored_params" and recipe in ("fp32", "bf16"):
-                        continue
-                    if check in ("reshard", "sharding_invariance"):
-                        continue  # per reshard edge / twin: the matrices' cases, test below
-                    where = Population(backend, "cpu", "gloo", world, module, config=config)
-                    t = tolerances.lookup(check, quantity, recipe, loss=loss, where=where)
-                    assert t.rel_l2 > 0 and "calibrated" in t.reason, (check, quantity,
-                                                                       recipe, loss)
-                    assert config in t.source and t.source.startswith("calibrated ")
+        for c in expand(spec, backend):
+            if c.ax["module"] not in ("LayerNormMLP", "LlamaStack") or \
+                    get(backend).skip_reason(c, "cpu"):
+                continue  # a case the backend skips (a shard cutting its format's blocks)
+            loss = "cross_entropy" if c.ax["module"] == "LlamaStack" else "mse"
+            where = Population.of_case(c, "cpu", "gloo")
+            for check, quantity in CALIBRATED:
+                if check != "fp32_parity" or (quantity == "stored_params"
+                                              and c.recipe in ("fp32", "bf16")):
+                    continue
+                t = tolerances.lookup(check, quantity, c.recipe, loss=loss, where=where)
+                assert t.rel_l2 > 0 and "calibrated" in t.reason, (c.id, check, quantity)
+                assert c.numerics in t.source and t.source.startswith("calibrated ")
 
 
 def test_bitwise_quantities():
@@ -258,7 +256,7 @@ def test_tolerances_are_calibrated_per_loss():
                        for k in ("max_abs", "rel_l2") for i in range(10)])
     rows = derive.measured(df)
     got = {(r["loss"], r["metric"]): r["p99"] for r in rows
-           if (r["world_size"], r["module"]) == ("*", "*")}
+           if (r["world_size"], r["module"]) == ("2", "*")}
     assert got == {("mse", "max_abs"): 1e-3, ("mse", "rel_l2"): 1e-3,
                    ("cross_entropy", "max_abs"): 5e-2, ("cross_entropy", "rel_l2"): 5e-2}
     measured = {tuple(str(r[k]) for k in calibration.KEY): dict(n=r["n"], p99=r["p99"],

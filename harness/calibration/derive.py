@@ -1,11 +1,13 @@
 """Measured errors from history rows of the ``calibration`` scenario, per population.
 
 A population is where the numbers were measured: the backend, the device, the process groups'
-backend (``nccl`` with a GPU per rank, ``gloo`` on CPU or where ranks share GPUs) and the
-world size, and the module. Populations never pool backends, devices or process-group kinds
-(a shared-GPU gloo run is not an NCCL run); each measurement is written at four levels --
-(module, world size), module over all world sizes, world size over all modules, and all of them
--- and the lookup takes the finest level with at least ``MIN_N`` samples.
+backend (``nccl`` with a GPU per rank, ``gloo`` on CPU or where ranks share GPUs), the
+configuration (``Case.numerics``: dims, steps, lr), the world size and the module. Populations
+never pool backends, devices, process-group kinds, configurations or world sizes (a world's
+reduction order is its own: pooled over worlds, a 4-rank twin was judged by the 2-rank twin's
+bit-exact zeros); each measurement is written at two levels -- (module, world size) and the
+world size over all modules -- and the lookup takes the finer with at least ``MIN_N``
+samples.
 
 The reshard check's world is the reshard's: source -> target world size (``2->4``), never pooled
 over (``levels``). Its next step is bit-exact where both meshes sum the same ranks' gradients
@@ -56,15 +58,14 @@ ANY = "*"  # a population column pooled over
 POPULATION = ("backend", "device", "pg_backend", "config", "world_size", "module")
 # the configuration (Case.numerics: dims, steps, lr) is never pooled over: a population
 # measured at one configuration is no tolerance for another
-LEVELS = (("config", "module", "world_size"), ("config", "module"), ("config", "world_size"),
-          ("config",))
+LEVELS = (("config", "module", "world_size"), ("config", "world_size"))
 EDGE_CHECKS = ("reshard",)  # checks whose world is the reshard's (source -> target)
 
 
 def levels(check: str) -> tuple[tuple[str, ...], ...]:
-    """The levels a check's measurements are written and looked up at: a reshard's world
-    (source -> target) is never pooled over, the others' are."""
-    return tuple(k for k in LEVELS if "world_size" in k) if check in EDGE_CHECKS else LEVELS
+    """The levels a check's measurements are written and looked up at (every one keeps the
+    world size; a reshard's is its source -> target)."""
+    return LEVELS
 
 
 def world(check: str, world_size: int, target: int | None) -> str:
@@ -163,7 +164,7 @@ def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
     rows = rows[~carried(rows, df)]  # one sample per training
     keep = [(c, q) in CALIBRATED and (rc, c) not in excluded and rc not in broken
             for rc, c, q in zip(run_cases(rows), rows["check"], rows["quantity"])]
-    rows = rows[keep]
+    rows = rows[np.asarray(keep, dtype=bool)]  # (a list would select columns when empty)
     recorded = rows["loss"] if "loss" in rows else [None] * len(rows)
     rows = rows.assign(loss=[loss_of(m, r) for m, r in zip(rows["module"], recorded)])
     rows = rows[rows["loss"].notna()]  # no loss known: no population

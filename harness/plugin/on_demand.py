@@ -23,12 +23,12 @@ from harness.calibration.tolerances import UNJUDGED
 CACHE_PREFIX = "harness-on-demand/"  # pytest cache keys: <prefix><group key>
 
 
-def _encode(d: dict) -> list:
-    return [[list(k), v] for k, v in d.items()]
-
-
-def _decode(rows) -> dict:
-    return {tuple(k): v for k, v in rows}
+def _pool(v) -> tuple:
+    """The variants whose samples pool into one population: backend, recipe, module, world
+    size (a reshard's target too) and configuration -- meshes of one world size pool, as in the
+    packaged calibration."""
+    return (v.backend, v.recipe, v.ax["module"], v.mesh.world_size,
+            v.target.world_size if v.target else None, v.numerics)
 
 
 class OnDemand:
@@ -46,6 +46,8 @@ class OnDemand:
         self.case_group: dict[str, list[str]] = {}  # case id -> its groups' keys
         self.done: dict[str, float] = {}  # group key -> seconds its variants took (this run)
         self.cached: set[str] = set()  # group keys found in the cache
+        self.pools: dict[tuple, list[dict]] = {}  # _pool -> the samples' rows (cached too)
+        self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
         """The cache key of ``case``'s variants: configuration, population, versions, and the
@@ -67,7 +69,7 @@ class OnDemand:
             miss = on_demand.missing(case, device, pg, self.measured)
             if not miss:
                 continue
-            leave_out = on_demand.excluded(entries)
+            leave_out = self.case_leave_out[case.id] = on_demand.excluded(entries)
             bases = ([on_demand.train_only(case)] if any(c != "reshard" for c, _ in miss)
                      else []) + ([case] if any(c == "reshard" for c, _ in miss) else [])
             for base in bases:
@@ -77,8 +79,7 @@ class OnDemand:
                     continue
                 hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
                 if hit is not None:
-                    self.measured.update(_decode(hit["taken"]))
-                    self.refused.update({tuple(k): v for k, v in hit["refused"]})
+                    self._take(_pool(base), hit["rows"])
                     self.cached.add(key)
                 elif self.mode != "off":
                     self.groups[key] = on_demand.variants(base)
@@ -100,15 +101,19 @@ class OnDemand:
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
                                            self.hs.run_id, self.leave_out[key])
         self._write(rows, key)
-        taken, refused = on_demand.screen(on_demand.populations(rows), self.packaged)
-        self.measured.update(taken)
-        self.refused.update(refused)
+        self._take(_pool(self.groups[key][0]), rows)
         self.done[key] = seconds
         if self.cache is not None:
-            self.cache.set(CACHE_PREFIX + key, {"taken": _encode(taken),
-                                                "refused": [[list(k), v] for k, v in
-                                                            refused.items()],
-                                                "at": time.time()})
+            self.cache.set(CACHE_PREFIX + key, {"rows": rows, "at": time.time()})
+
+    def _take(self, pool: tuple, rows: list[dict]) -> None:
+        """Add a group's rows to its pool and derive the pool's populations anew (meshes of
+        one world size measured by two groups make one population, not the last one's)."""
+        self.pools.setdefault(pool, []).extend(rows)
+        taken, refused = on_demand.screen(on_demand.populations(self.pools[pool]),
+                                          self.packaged)
+        self.measured.update(taken)
+        self.refused.update(refused)
 
     def resolve(self, case, rows: list[dict], scheduler) -> int:
         """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged."""
@@ -119,6 +124,7 @@ class OnDemand:
                 self._measure(key, scheduler)
         pg, _ = self.hs.env.placement(case)
         left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
+        left -= on_demand.by_registry(rows, self.case_leave_out.get(case.id, frozenset()))
         if left and self.mode == "off":
             for r in rows:
                 if r.get("outcome") == UNJUDGED:
