@@ -52,6 +52,7 @@ CALIBRATED = {("fp32_parity", "loss"), ("fp32_parity", "grads"), ("fp32_parity",
               ("reshard", "next_loss"),
               ("reshard", "next_params")} | {(twin.CHECK, q) for q in twin.QUANTITIES}
 METRICS = ("max_abs", "rel_l2")
+UNJUDGED = "unjudged"  # a row measured without a tolerance for its configuration: a sample
 MIN_N = 10  # fewer samples than this: the population is too small to take a p99 from
 ANY = "*"  # a population column pooled over
 # population columns, and the levels written (the columns each keeps; the rest pooled)
@@ -160,7 +161,7 @@ def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
               if (c, q) not in CALIBRATED}
     if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
         broken |= set(run_cases(df[df["case_status"].isin(["error", "timeout", "crash"])]))
-    rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail"])]
+    rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail", UNJUDGED])]
     rows = rows[~carried(rows, df)]  # one sample per training
     keep = [(c, q) in CALIBRATED and (rc, c) not in excluded and rc not in broken
             for rc, c, q in zip(run_cases(rows), rows["check"], rows["quantity"])]

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from harness import calibration
 from harness.calibration import twin
-from harness.calibration.derive import ANY, MIN_N, POPULATION, levels, world
+from harness.calibration.derive import ANY, MIN_N, POPULATION, UNJUDGED, levels, world
 
 # measured p99 -> tolerance. 2 (was 3 over pooled populations): with each population's own
 # p99, 2x clears the spread of the passing cases (max / p99 <= 1.01 in measured.csv) and
@@ -76,7 +76,6 @@ class Tolerance:
         return asdict(self)
 
 
-UNJUDGED = "unjudged"
 BITWISE = Tolerance(0.0, 0.0, "same bytes in, same bytes out: a checkpoint round trip or an "
                               "identical computation must be bit-exact", source="bitwise")
 

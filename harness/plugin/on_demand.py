@@ -66,10 +66,11 @@ class OnDemand:
         device = self.hs.device
         for case, entries in cases:
             pg, _ = self.hs.env.placement(case)
-            miss = on_demand.missing(case, device, pg, self.measured)
-            if not miss:
-                continue
             leave_out = self.case_leave_out[case.id] = on_demand.excluded(entries)
+            miss = [(c, q) for c, q in on_demand.missing(case, device, pg, self.measured)
+                    if (c, None) not in leave_out and (c, q) not in leave_out]
+            if not miss:  # (a registered failure is judged by its entry's bounds)
+                continue
             bases = ([on_demand.train_only(case)] if any(c != "reshard" for c, _ in miss)
                      else []) + ([case] if any(c == "reshard" for c, _ in miss) else [])
             for base in bases:
