@@ -39,6 +39,9 @@ CHECKS = tuple(sorted({c for c, _ in CALIBRATED}))
 # extra axes set to their clean value in a variant: a sized bug, a TE mutant, a workaround
 # left out, a reference fix switched off are what a case tests, not its configuration
 CLEAN = {"fault": "none", "mutation": "none", "without": "none", "fixes": "all"}
+# producers whose registered failure leaves these checks nothing to measure
+NEEDS = {"train": CHECKS, "reference": ("fp32_parity",), "single_rank": ("sharding_invariance",),
+         "expected": ("reshard",), "reshard_load": ("reshard",)}
 PLAUSIBLE_X = 10.0  # an on-demand p99 beyond 10x every packaged configuration's is not taken
 PLAUSIBLE_FLOOR = 1e-4  # ... unless it is below this rel-L2 (fp32 reduction order's scale)
 GUARDED = ("fp32_parity",)
@@ -101,16 +104,24 @@ def excluded(entries) -> frozenset:
     ``strict: false`` failure is a value that may land beyond a tolerance, its clean samples
     are the population): a known bug is never measured into a tolerance (its variants run with
     the same code)."""
-    return frozenset((f.check, f.quantity) for e in entries for f in e.fails
-                     if f.check in CHECKS and f.strict)
+    out = set()
+    for f in (f for e in entries for f in e.fails if f.strict):
+        if f.check in CHECKS:  # a check that raises measures nothing after the error
+            out.add((f.check, None if f.quantity == "error" else f.quantity))
+        out.update((c, None) for c in NEEDS.get(f.check, ()))
+    return frozenset(out)
 
 
 def history_rows(case, rows: list[dict], status: str, device: str, pg_backend: str,
-                 run_id: str, leave_out: frozenset = frozenset()) -> list[dict]:
+                 run_id: str, leave_out: frozenset = frozenset(),
+                 reshard_only: bool = False) -> list[dict]:
     """A variant's result rows as derive.measured reads history rows, less those of the
-    (check, quantity) pairs ``leave_out`` names (:func:`excluded`)."""
+    (check, quantity) pairs ``leave_out`` names (:func:`excluded`); ``reshard_only``: its
+    reshard phase's alone (a reshard variant's training is its train-only twin's sample, which
+    would count twice)."""
     rows = [r for r in rows if (r["check"], None) not in leave_out
-            and (r["check"], r["quantity"]) not in leave_out]
+            and (r["check"], r["quantity"]) not in leave_out
+            and (not reshard_only or r.get("phase") == "reshard")]
     ax = dict(case.axes)
     base = dict(run_id=run_id, case_id=case.id, scenario=case.scenario, backend=case.backend,
                 device=device, recipe=case.recipe, mesh=ax["mesh"], module=ax["module"],

@@ -100,7 +100,8 @@ class OnDemand:
             pg, _ = self.hs.env.placement(v)
             seconds += res.seconds or 0.0
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
-                                           self.hs.run_id, self.leave_out[key])
+                                           self.hs.run_id, self.leave_out[key],
+                                           reshard_only=v.target is not None)
         self._write(rows, key)
         self._take(_pool(self.groups[key][0]), rows)
         self.done[key] = seconds
