@@ -38,5 +38,11 @@ def write(rows: list[dict], path: Path = MEASURED) -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in sorted(rows, key=lambda r: tuple(str(r[k]) for k in KEY)):
-            w.writerow({k: r.get(k, 0) for k in COLUMNS})
+            w.writerow({k: _short(r.get(k, 0)) for k in COLUMNS})
     tmp.replace(path)
+
+
+def _short(v):
+    """A measurement as the file keeps it: 6 significant digits (a tolerance is 2x a p99 of a
+    handful of samples; more digits only make the file larger)."""
+    return f"{v:.6g}" if isinstance(v, float) else v

@@ -6,7 +6,8 @@
 It reads every history file of the ``calibration`` scenario in the given directories (default:
 ``reports/calibration/*/history`` -- committed calibration runs, CPU and GPU -- and
 ``reports/history``), derives the measured errors (``derive.py``), writes
-``harness/calibration/measured.csv`` and prints the resulting tolerance table (the README's) and
+``harness/calibration/measured.csv`` and prints the resulting tolerance table
+(docs/tolerances.md) and
 the shipped cases left without a population (``coverage.py``).
 ``--run`` writes its runs to ``reports/calibration/cpu/`` (replacing what was there).
 """
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "backends (CPU, several minutes)")
     p.add_argument("--history", action="append", default=None, metavar="DIR",
                    help="history directory to read (repeatable; default: reports/history and "
-                        "reports/gpu/*/history)")
+                        "reports/calibration/*/history, on-demand runs included)")
     p.add_argument("--out", default=str(MEASURED), metavar="FILE",
                    help="where to write the measurements (default: the package's measured.csv)")
 
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def markdown_table(path: Path = MEASURED) -> str:
-    """The README's tolerance table: per population (backend / device / process groups, world
+    """docs/tolerances.md's table: per population (backend / device / process groups, world
     size, module; ``*`` pooled) the measured p99, factor and tolerance (max_abs / rel-L2)."""
     from harness import calibration
     from harness.calibration import tolerances

@@ -151,8 +151,8 @@ def _equal_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
     """:func:`_stats` of two CPU tensors of one dtype that hold the same bits and only finite
     values -- most keys of most checks -- from one comparison of their bits (as integers of the
     same width) and one float64 dot product of ``e`` with itself, whose being finite also says
-    that every value is (~15x faster than the general path on 1M floats; numbers in
-    reports/bench/README.md); None for any other pair (it takes the general path)."""
+    that every value is (a fast path); None for any other pair (it takes the
+    general path)."""
     a, e = a.detach(), e.detach()
     ints = _SAME_SIZE_INT.get(e.element_size())
     if not (torch.equal(a.view(ints), e.view(ints)) if ints else torch.equal(_bits(a), _bits(e))):
@@ -172,7 +172,7 @@ def _finite_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
     the bits are equal the difference is 0, so max-abs and the squared sum of the differences
     over all elements are those over the differing ones; a non-finite value on either side
     makes a sum non-finite and takes the general path (None), as does a dtype without an
-    integer of its width (12 keys of 256x1024 floats: ~3x faster; reports/bench/README.md)."""
+    integer of its width (a fast path)."""
     ints = _SAME_SIZE_INT.get(e.element_size())
     if ints is None or a.dtype == torch.bool:
         return None
