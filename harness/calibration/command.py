@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "backends (CPU, several minutes)")
     p.add_argument("--history", action="append", default=None, metavar="DIR",
                    help="history directory to read (repeatable; default: reports/history and "
-                        "reports/calibration/*/history, on-demand runs included)")
+                        "reports/calibration/*/history; a run's on-demand variants: its "
+                        "<report-dir>/calibration_on_demand/history)")
     p.add_argument("--out", default=str(MEASURED), metavar="FILE",
                    help="where to write the measurements (default: the package's measured.csv)")
 

@@ -4,10 +4,11 @@ At collection's end :meth:`OnDemand.plan` finds the runnable cases whose calibra
 have no population at their configuration -- neither in the package's ``measured.csv`` nor in
 the cache of earlier runs -- and hands the scheduler their clean seeded variants, which run
 beside the matrix. When such a case's result comes, :meth:`OnDemand.resolve` waits for its
-variants (each a bounded case like any other), derives their populations once per
-configuration, caches them (pytest's cache, keyed by the configuration, population and the
-software versions) and judges the case's unjudged rows by them. ``--calibrate off``: no
-variants run; those quantities stay unjudged.
+variants (each a bounded case like any other), derives their populations (pooled with every
+other group measuring the same population), caches the samples (pytest's cache, keyed by the
+configuration, population, software versions and the case's registered failures) and judges
+the case's unjudged rows by them. ``--calibrate off``: no variants run; those quantities stay
+unjudged (a cached population still judges them).
 """
 
 from __future__ import annotations
@@ -147,12 +148,12 @@ class OnDemand:
         return out
 
     def _write(self, rows: list[dict], key: str) -> None:
-        """The variants' rows as a history file under the report dir's calibration/on_demand/
-        history -- where ``python -m harness calibrate --history`` reads them, to make them
-        part of the packaged calibration."""
+        """The variants' rows as a history file under the report dir's
+        calibration_on_demand/history -- what ``python -m harness calibrate --history DIR``
+        reads to make them part of the packaged calibration."""
         if not rows or not self.hs.record.write_reports:
             return
         import pandas as pd
-        out = self.hs.record.report_dir / "calibration" / "on_demand" / "history"
+        out = self.hs.record.report_dir / "calibration_on_demand" / "history"
         out.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_parquet(out / f"{self.hs.run_id}-{key}.parquet")
