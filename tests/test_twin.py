@@ -91,14 +91,14 @@ def test_packed_parts_come_back_as_views_of_one_buffer():
 
 
 def test_coverage_skips_bitwise_and_twinless_cases():
-    from harness.calibration import coverage
+    from harness.calibration import on_demand
     c = SimpleNamespace(mesh=parse_mesh("dp2"), recipe="current", target=None,
                         checks=("sharding_invariance",))
-    assert coverage.quantities(c, "reference", "cpu") == []
-    assert coverage.quantities(c, "te", "cuda") == [
+    assert on_demand.quantities(c, "reference", "cpu") == []
+    assert on_demand.quantities(c, "te", "cuda") == [
         ("sharding_invariance", q) for q in sorted(twin.QUANTITIES)]
     c.mesh = parse_mesh("dp2xtp2")
-    assert coverage.quantities(c, "reference", "cpu") == []
+    assert on_demand.quantities(c, "reference", "cpu") == []
 
 
 @pytest.mark.parametrize("check, scenario", [("fp32_parity", "calibration.yaml"),

@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harness.calibration import tolerances
 from harness.calibration.derive import SCENARIOS
-from harness.calibration.on_demand import quantities
-from harness.spec import catalog
+from harness.calibration.on_demand import missing
 from harness.spec.matrix import expand
 from harness.spec.base import ScenarioError
 from harness.spec.scenario import load_scenario
@@ -38,14 +36,8 @@ def uncovered(scenario_dir: Path, measured: dict | None = None,
             except ScenarioError:  # the scenario is not for this backend
                 continue
             for case in cases:
-                loss = catalog.TASK_LOSS[case.task]
-                where = tolerances.Population.of_case(case, device, pg)
-                for check, quantity in quantities(case, backend, device):
-                    try:
-                        tolerances.lookup(check, quantity, case.recipe, case.tolerances,
-                                          case.train, measured=measured, loss=loss, where=where)
-                    except tolerances.MissingTolerance:
-                        gaps[(backend, device, pg, case.recipe, check, quantity)] += 1
+                for check, quantity in missing(case, device, pg, measured):
+                    gaps[(backend, device, pg, case.recipe, check, quantity)] += 1
     return gaps
 
 

@@ -28,8 +28,8 @@ import json
 
 import pandas as pd
 
-from harness.calibration import derive, twin
-from harness.calibration.derive import CALIBRATED, MIN_N, POPULATION
+from harness.calibration import KEY, derive, twin
+from harness.calibration.derive import CALIBRATED, MIN_N
 from harness.calibration.tolerances import UNJUDGED, MissingTolerance, Population, lookup
 from harness.spec import catalog
 
@@ -61,9 +61,10 @@ def quantities(case, backend: str, device: str) -> list[tuple[str, str]]:
     return out
 
 
-def missing(case, device: str, pg_backend: str, measured: dict) -> list[tuple[str, str]]:
+def missing(case, device: str, pg_backend: str,
+            measured: dict | None) -> list[tuple[str, str]]:
     """The calibrated quantities of ``case`` without a population at its configuration in
-    ``measured`` (a scenario's own ``tolerances`` entry counts as one)."""
+    ``measured`` (None: the package's; a scenario's own ``tolerances`` entry counts as one)."""
     where = Population.of_case(case, device, pg_backend)
     out = []
     for check, quantity in quantities(case, case.backend, device):
@@ -144,8 +145,7 @@ def populations(rows: list[dict]) -> dict[tuple, dict]:
     for r in derive.measured(df):
         if derive.ANY in (r["module"], r["world_size"]):
             continue
-        key = tuple(str(r[k]) for k in ("check", "quantity", "recipe", "loss", *POPULATION,
-                                        "metric"))
+        key = tuple(str(r[k]) for k in KEY)
         out[key] = dict(n=int(r["n"]), p99=float(r["p99"]), max=float(r["max"]))
     return out
 

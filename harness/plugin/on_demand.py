@@ -38,8 +38,7 @@ class OnDemand:
         self.mode = hs.config.getoption("calibrate")
         self.cache = getattr(hs.config, "cache", None)
         self.packaged = calibration.load()
-        self.versions = {k: v for k, v in hs.env.describe().items()
-                         if k in ("torch", "te", "transformer_engine", "gpu")}
+        self.versions = hs.env.describe()  # torch, TE and its TP support, GPU capability
         self.measured = dict(self.packaged)  # packaged + cached + measured in this run
         self.refused: dict[tuple, str] = {}
         self.groups: dict[str, list] = {}  # group key -> its variants
