@@ -46,10 +46,10 @@ class ReferenceBackend(TorchBackend):
             tp = ref.TP(mesh_spec.tp, tp_mesh.get_local_rank(), tp_mesh.get_group(), tp_mesh)
         # Delayed-scaling activation / gradient amaxes are reduced over all ranks of the mesh
         # (TE's default amax_reduction_group: the world): the histories are replicated buffers
-        # and must agree. A mesh of fewer ranks (the one-rank twin) reduces over its own.
+        # and must agree. A mesh of fewer ranks (the twin) reduces over its own.
         world = dist.group.WORLD
-        if mesh.size() != dist.get_world_size() and mesh.ndim == 1:
-            world = mesh.get_group()
+        if mesh.size() != dist.get_world_size():
+            world = parallel.mesh_group(mesh)
         env = ref.Env(case.recipe, tp, weight_group=parallel.weight_group(mesh, mesh_spec),
                       world_group=world)
         model = ref.build_meta(case.ax["module"], case.model, env)

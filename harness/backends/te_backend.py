@@ -36,6 +36,7 @@ from harness.backends import te_global_state, te_init_scales
 from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
+from harness.calibration.twin import BLOCK_FORMATS
 from harness.distributed import faults
 from harness.spec import catalog
 
@@ -133,7 +134,15 @@ class TEBackend(TorchBackend):
             torch.manual_seed(seed)
             return self.make(case, str(device), seed=seed)
 
-    def build(self, case, mesh, mesh_spec, seed: int, device):
+    def build_twin(self, case, mesh, mesh_spec, seed: int, device):
+        """Block-scaled formats: no fully_shard (FSDP2 cannot all-gather their tensors over a
+        one-rank shard dim: the registered hsdp*x1 failure). There FSDP2 would neither cast
+        (no mixed-precision policy for a quantized recipe) nor reduce, so the plain module
+        computes what the one-rank FSDP2 module would."""
+        return self.build(case, mesh, mesh_spec, seed, device,
+                          fsdp=case.recipe not in BLOCK_FORMATS)
+
+    def build(self, case, mesh, mesh_spec, seed: int, device, fsdp: bool = True):
         from harness.distributed import parallel
         te, _, _ = _import()
         with te.quantized_model_init(enabled=self.quantized(case), recipe=self.recipe(case)):
@@ -151,9 +160,10 @@ class TEBackend(TorchBackend):
             units = model.fsdp_units()
         else:
             units = list(model.children()) if case.ax["module"] == "TransformerLayer" else []
-        parallel.shard(model, mesh, mesh_spec, case.recipe, units=units,
-                       names=self.mesh_names(case),
-                       reduce_dtype=faults.reduce_dtype(case, mesh_spec))
+        if fsdp:
+            parallel.shard(model, mesh, mesh_spec, case.recipe, units=units,
+                           names=self.mesh_names(case),
+                           reduce_dtype=faults.reduce_dtype(case, mesh_spec))
         for m in model.modules():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()

@@ -42,6 +42,11 @@ class TorchBackend:
         return parallel.parallelize(model, mesh, mesh_spec, case.recipe, plan,
                                     reduce_dtype=faults.reduce_dtype(case, mesh_spec))
 
+    def build_twin(self, case, mesh, mesh_spec, seed: int, device):
+        """The sharding-invariance twin's model on its own mesh (distributed/single.py): the
+        case's build, unless a backend says otherwise."""
+        return self.build(case, mesh, mesh_spec, seed, device)
+
     def reference_model(self, case, seed: int, device):
         """The module the single-process FP32 reference trains (the plain-torch module)."""
         return self.plain_model(case, seed, device, reference=True)[0]

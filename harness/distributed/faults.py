@@ -43,9 +43,10 @@ def reference_lr_scale(case) -> float:
 
 def reduce_dtype(case, mesh_spec) -> torch.dtype | None:
     """Sized bug ``grads_bf16_before_reduce``, distributed-only: FSDP2 reduces the gradients
-    in bf16 (cast on their way into the reduce-scatter) on a mesh of more than one rank; the
-    one-rank twin, which reduces nothing, keeps its policy's dtype."""
-    if fault_of(case) == "grads_bf16_before_reduce" and mesh_spec.world_size > 1:
+    in bf16 (cast on their way into the reduce-scatter) on a mesh of more than one
+    data-parallel rank; the twin, which reduces over no data-parallel ranks, keeps its policy's
+    dtype."""
+    if fault_of(case) == "grads_bf16_before_reduce" and mesh_spec.dp_size > 1:
         return torch.bfloat16
     return None
 

@@ -50,6 +50,8 @@ def weight_group(mesh: DeviceMesh, spec: MeshSpec):
     """
     if spec.tp == 1:
         return mesh[SHARD].get_group()
+    if spec.shard == 1 and not spec.hsdp:  # the TP ranks alone (the TP twin's mesh, made by
+        return mesh[TP].get_group()       # its ranks alone: no enumeration over the world)
     if spec.name not in _WEIGHT_GROUPS:
         by_replica: dict[int, list[int]] = {}
         for r in range(spec.world_size):
@@ -57,6 +59,17 @@ def weight_group(mesh: DeviceMesh, spec: MeshSpec):
         group, _ = dist.new_subgroups_by_enumeration(list(by_replica.values()))
         _WEIGHT_GROUPS[spec.name] = group
     return _WEIGHT_GROUPS[spec.name]
+
+
+def mesh_group(mesh: DeviceMesh):
+    """The process group spanning every rank of ``mesh``: its group when 1-D, else that of its
+    one dim of size > 1 (the TP twin's one-rank shard dim x TP)."""
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    wide = [d for d, n in zip(mesh.mesh_dim_names, mesh.shape) if n > 1]
+    if len(wide) != 1:
+        raise ValueError(f"no one group spans mesh {mesh.mesh_dim_names} {tuple(mesh.shape)}")
+    return mesh.get_group(wide[0])
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str,

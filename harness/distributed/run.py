@@ -114,9 +114,21 @@ class Run:
                                         raw=False)) if capture_grads else None
         self.optim.step()
         self.optim.zero_grad(set_to_none=True)
-        total = loss.detach().clone()
-        dist.all_reduce(total)  # TP ranks hold equal copies of their dp slice's loss
-        return float(total) / self.ctx.world_size, grads
+        return self._global_loss(loss), grads
+
+    def _global_loss(self, loss) -> float:
+        """The mean over the data-parallel slices of their local mean losses, summed in slice
+        order in fp32 (``slices_mean``, as the sharding-invariance twin sums them). Every
+        rank's loss is gathered: the TP ranks of a slice hold equal copies (their mean where
+        they do not)."""
+        mine = loss.detach().to(torch.float32).reshape(1)
+        every = torch.empty(self.ctx.world_size, dtype=torch.float32, device=mine.device)
+        dist.all_gather_into_tensor(every, mine)
+        by_slice: dict[int, list] = {}
+        for r, v in enumerate(every.cpu()):
+            by_slice.setdefault(self.spec.dp_index(r), []).append(v)
+        return slices_mean([c[0] if all(bool(x == c[0]) for x in c) else torch.stack(c).mean()
+                            for _, c in sorted(by_slice.items())])
 
     @property
     def quantized(self) -> bool:
@@ -147,6 +159,16 @@ class Run:
         tensors as their raw parts. Plain (non-DTensor) tensors stay as this rank holds them."""
         msd, osd = get_state_dict(self.model, self.optim)
         return self.backend.canonical_state(flatten({"model": msd, "optim": osd}))
+
+
+def slices_mean(values) -> float:
+    """The mean of the data-parallel slices' losses (fp32 scalars, in slice order): summed in
+    fp32 from zero in that order, the sum divided in Python -- one arithmetic for the sharded
+    run and its twin, so that their losses agree bit for bit where the slices' do."""
+    total = torch.zeros((), dtype=torch.float32)
+    for v in values:
+        total += v
+    return float(total) / len(values)
 
 
 def reference_run(case, backend, steps: int, device, lr_scale: float = 1.0):

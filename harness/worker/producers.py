@@ -143,7 +143,7 @@ def single_rank(art) -> dict:
     everything that determines it, like the FP32 reference; not run where it cannot stand
     for the case (calibration/twin.py says why)."""
     from harness.calibration.twin import not_applicable
-    from harness.distributed.single import single_rank_run
+    from harness.distributed.single import single_rank_run, twin_ranks
     from harness.worker import reference_cache
     case, ctx = art.case, art.ctx
     why = not_applicable(case, ctx.backend.name, ctx.device_type)
@@ -152,7 +152,8 @@ def single_rank(art) -> dict:
     k = reference_cache.key(case, ctx.backend, ctx.device, 1.0, twin=True)
     losses, grads, params, stored = reference_cache.cached(
         art.ckpt.parent / "reference_cache", k,
-        lambda: single_rank_run(case, ctx.backend, ctx.device, ctx.device_type), ctx)
+        lambda: single_rank_run(case, ctx.backend, ctx.device, ctx.device_type), ctx,
+        ranks=tuple(twin_ranks(case.mesh)))
     return {"single_rank": SingleRank(losses, grads, params, stored)}
 
 

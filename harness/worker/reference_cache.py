@@ -22,7 +22,7 @@ import torch
 from harness.distributed import data
 
 VERSION = 1  # bump when reference_run or the synthetic data change meaning
-TWIN_VERSION = 1  # bump when single_rank_run changes meaning
+TWIN_VERSION = 2  # bump when single_rank_run changes meaning
 
 
 def determinants(case, backend, device, lr_scale: float, twin: bool = False) -> dict:
@@ -32,7 +32,7 @@ def determinants(case, backend, device, lr_scale: float, twin: bool = False) -> 
     ref = getattr(case, "model_ref", None)  # a scenario's own model: its factory, plan, task
     extra = {}
     if twin:
-        extra = dict(twin=TWIN_VERSION, recipe=case.recipe, dp=case.mesh.dp_size,
+        extra = dict(twin=TWIN_VERSION, recipe=case.recipe, dp=case.mesh.dp_size, tp=case.mesh.tp,
                      axes={k: v for k, v in sorted(case.ax.items())
                            if k not in ("mesh", "dcp", "reshard")})
     return dict(extra, version=VERSION, data=data.VERSION, backend=backend.name,
@@ -70,23 +70,33 @@ def store(value, path: Path) -> None:
         raise
 
 
-def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
-    """The reference under key ``k``: read from ``cache_dir`` or computed by rank 0 and
-    written there (atomic); collective over the exchange group. Rank 0 computes it in the
-    library's global state of its own (``backend.isolated``): a run one rank makes alone must
-    neither meet the case's state nor join a collective of the case's group."""
+def cached(cache_dir: Path, k: str, compute, ctx, ranks: tuple[int, ...] = (0,)) -> tuple:
+    """The reference under key ``k``: read from ``cache_dir`` or computed by ``ranks`` (rank 0
+    alone, or the TP twin's ranks together; rank 0's value) and written there by rank 0
+    (atomic); collective over the exchange group. They compute it in the library's global
+    state of their own (``backend.isolated``): a run some ranks make alone must neither meet
+    the case's state nor join a collective of the case's group."""
     import torch.distributed as dist
     path = Path(cache_dir) / f"{k}.pt"
+    need = [ctx.rank == 0 and not path.is_file()]  # rank 0 alone decides
+    if len(ranks) > 1:
+        dist.broadcast_object_list(need, src=0, group=ctx.exchange)
     err = None
-    if ctx.rank == 0 and not path.is_file():  # rank 0 alone decides: one broadcast per call
+    if need[0] and ctx.rank in ranks:
         try:
             with ctx.backend.isolated():
                 value = compute()
-            store(value, path)
+            if ctx.rank == 0:
+                store(value, path)
         except Exception as e:  # noqa: BLE001 - every rank raises it below
             err = str(e) if isinstance(e, OSError) else repr(e)
-    flag = [err]
-    dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
+    if len(ranks) > 1:
+        errs = [None] * ctx.world_size
+        dist.all_gather_object(errs, err, group=ctx.exchange)
+        flag = [next(((r, e) for r, e in enumerate(errs) if e is not None), None)]
+    else:
+        flag = [None if err is None else (0, err)]
+        dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
     if flag[0] is not None:
-        raise RuntimeError(f"the cached run failed on rank 0: {flag[0]}")
+        raise RuntimeError(f"the cached run failed on rank {flag[0][0]}: {flag[0][1]}")
     return tuple(torch.load(path, weights_only=True))

@@ -1,8 +1,9 @@
 """Real TE at a configuration no calibration ran (tests/scenarios/te_unseen_config.yaml: hidden
 512, seq 16, batch 16, 5 steps at lr 5e-3, seed 77; bf16 / delayed / current / block on dp2, dp4,
 dp2xtp2): populations measured on demand judge it. Every clean case passes; a 1.5x learning
-rate fails everywhere; gradients reduced in bf16 fail wherever a one-rank twin stands for the
-case (calibration/twin.py says where none can). Skips without CUDA and TE."""
+rate fails everywhere; gradients reduced in bf16 fail sharding_invariance on every recipe and
+mesh (block formats: a twin without FSDP; TP: a twin that keeps the TP split). Skips without
+CUDA and TE."""
 
 import os
 import subprocess
@@ -45,6 +46,7 @@ def test_an_unseen_configuration_is_judged_by_its_own_populations(require_te, tm
         elif twin.not_applicable(c, "te", "cuda") is None:
             bad = rows[(rows["case_id"] == cid) & (rows["row_outcome"] == "fail")]
             assert "sharding_invariance" in set(bad["check"]), cid
-    twinned = [c for c in ran.values() if c.ax["fault"] == "grads_bf16_before_reduce"
-               and twin.not_applicable(c, "te", "cuda") is None]
-    assert {c.recipe for c in twinned} >= {"bf16", "current", "delayed"}
+    bugs = [c for c in ran.values() if c.ax["fault"] == "grads_bf16_before_reduce"]
+    assert all(twin.not_applicable(c, "te", "cuda") is None for c in bugs)  # a twin everywhere
+    assert {c.recipe for c in bugs} >= {"bf16", "current", "delayed", "block"}
+    assert {c.mesh.name for c in bugs} >= {"dp2", "dp4", "dp2xtp2"}
