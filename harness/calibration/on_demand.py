@@ -198,7 +198,7 @@ def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict
                        measured=measured, loss=loss, where=where, how="on demand")
         except MissingTolerance as e:
             t = None
-            why = refused.get((check, quantity, case.recipe, loss)) or str(e).strip('"')
+            why = refused.get((check, quantity, case.recipe, loss)) or str(e)
         if t is None:
             left += 1
             for r in group:

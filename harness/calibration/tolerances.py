@@ -92,7 +92,8 @@ _ADAM_STEPS = {("fp32_parity", "params"): "steps", ("fp32_parity", "stored_param
 
 
 class MissingTolerance(KeyError):
-    pass
+    def __str__(self) -> str:  # the message itself, not KeyError's repr of it (quoted)
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)

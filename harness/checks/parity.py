@@ -47,7 +47,7 @@ def tol(art, check, quantity):
         return tolerances.lookup(check, quantity, case.recipe, case.tolerances, case.train,
                                  loss=catalog.TASK_LOSS[case.task], where=population(art))
     except tolerances.MissingTolerance as e:
-        return tolerances.Tolerance.none_for(str(e).strip('"'))
+        return tolerances.Tolerance.none_for(str(e))
 
 
 def fp32_parity(art, rec) -> None:
