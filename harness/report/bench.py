@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace an existing <label>.json (never done without this flag)")
     p.add_argument("--no-cache", action="store_true",
                    help="run pytest without its cache (-p no:cacheprovider): the scheduler then "
-                        "has no task seconds of an earlier run (harness/plugin/task_seconds.py)")
+                        "has no task seconds of an earlier run (harness/speed/task_seconds.py)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER,
                    help="after --: the pytest arguments (e.g. --scenario smoke)")
 

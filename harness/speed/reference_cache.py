@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import hashlib
 import io
+import itertools
 import json
 import os
 from pathlib import Path
@@ -20,6 +21,9 @@ from pathlib import Path
 import torch
 
 from harness.distributed import data
+from harness.speed import layers
+
+_calls = itertools.count()  # plain path: this process's calls, each a file of its own
 
 VERSION = 1  # bump when reference_run or the synthetic data change meaning
 TWIN_VERSION = 1  # bump when single_rank_run changes meaning
@@ -77,16 +81,24 @@ def cached(cache_dir: Path, k: str, compute, ctx) -> tuple:
     neither meet the case's state nor join a collective of the case's group."""
     import torch.distributed as dist
     path = Path(cache_dir) / f"{k}.pt"
+    plain = not layers.active("reference_cache")  # computed for this call alone, then removed
+    if plain:
+        path = path.with_name(f"{k}.{os.getpid()}-{next(_calls)}.pt")  # rank 0's name is sent
     err = None
-    if ctx.rank == 0 and not path.is_file():  # rank 0 alone decides: one broadcast per call
+    if ctx.rank == 0 and (plain or not path.is_file()):  # rank 0 decides: one broadcast a call
         try:
             with ctx.backend.isolated():
                 value = compute()
             store(value, path)
         except Exception as e:  # noqa: BLE001 - every rank raises it below
             err = str(e) if isinstance(e, OSError) else repr(e)
-    flag = [err]
+    flag = [err, str(path)]
     dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
     if flag[0] is not None:
         raise RuntimeError(f"the cached run failed on rank 0: {flag[0]}")
-    return tuple(torch.load(path, weights_only=True))
+    value = tuple(torch.load(flag[1], weights_only=True))
+    if plain:
+        dist.barrier(group=ctx.exchange)  # every rank has read it
+        if ctx.rank == 0:
+            Path(flag[1]).unlink(missing_ok=True)
+    return value

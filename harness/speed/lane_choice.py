@@ -5,7 +5,7 @@ seconds and what each lane ran (no processes here).
 A rank process pays a module's first use under a recipe once -- TE's compiled functions,
 run-time compiled kernels, cuDNN's graphs: seconds a module, and again for a further recipe --
 so a lane keeps to the (module, recipe) pairs it ran (``affinity``).
-Where the last run's task seconds are known (pytest's cache: plugin/task_seconds.py), a lane
+Where the last run's task seconds are known (pytest's cache: speed/task_seconds.py), a lane
 out of work takes over the module with the most seconds left per lane running it, and a module
 k times the mean module's gets round(k) - 1 lanes more (``extra_lanes``) where every rank of the
 run's lanes still gets a core of the host.
