@@ -5,6 +5,9 @@ steps, learning rate) trains the same single-process FP32 model on the same data
 names everything the reference depends on; rank 0 of the first launch that needs it computes
 it and stores it under the run's work directory, every other rank and launch of the run reads
 it. A change of any determinant is another key (tests/test_reference_cache.py).
+
+An acceleration (layer ``reference_cache``, speed/layers.py): without it each call is computed
+by rank 0 for that call alone, under a file name of its own, removed once every rank read it.
 """
 
 from __future__ import annotations
