@@ -54,8 +54,7 @@ class Launcher:
         self.node_launcher = list(node_launcher or [])
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self.extra_env = dict(env or {})
-        self.speed = layers.from_env(self.extra_env)  # the run's accelerations (speed/layers.py)
+        self.extra_env, self.speed = dict(env or {}), layers.from_env(env or {})  # speed/layers
         self.python = python
         self.records: list[LaunchRecord] = []
         self._counter = itertools.count(1)

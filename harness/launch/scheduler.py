@@ -29,7 +29,7 @@ from harness.launch.launcher import STOP_JOIN_S, Launcher, Task
 from harness.launch.placement import case_backend
 from harness.launch.task_graph import TaskGraph
 from harness.spec.matrix import Case
-from harness.speed.lane_choice import TaskSeconds, affinity, kind
+from harness.speed.lane_choice import TaskSeconds, kind, pick
 
 __all__ = ["CaseResult", "Scheduler"]
 
@@ -129,8 +129,7 @@ class Scheduler:
                 break
             left = self.seconds.left(ready)
             others = [ln.ran for ln in self._lanes.get(lane.key, ()) if ln is not lane]
-            batch = min(ready, key=lambda b: affinity(lane.ran, b[0].case, left, others)) \
-                if self.affinity else ready[0]  # plain: the first ready batch
+            batch = pick(ready, lane.ran, left, others, self.affinity)
             ready.remove(batch)  # the first best
             lane.ran.add(kind(batch[0].case))
             out += batch

@@ -41,6 +41,15 @@ def affinity(ran: set, case: Case, left: Counter, others: list[set]) -> tuple:
     return (1, last, 0, 0.0) if not warm else (2, -left[module] / warm, taken, last)
 
 
+def pick(ready: list, ran: set, left: Counter, others: list[set], on: bool = True) -> list:
+    """The batch a lane that ran ``ran`` takes next of the ``ready`` ones: the best by
+    :func:`affinity` (the first of equals), or without the layer ``lane_affinity`` the first
+    ready one (the plain path)."""
+    if not on:
+        return ready[0]
+    return min(ready, key=lambda b: affinity(ran, b[0].case, left, others))
+
+
 class TaskSeconds:
     """A task's expected seconds: the last run's where known, else the mean of those known
     (1.0 where none is: the scheduler then weighs the number of tasks)."""
