@@ -9,8 +9,8 @@ from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 # bottom -> top: a package imports only packages at or below its own place
-STAGES = ["spec", "calibration", "distributed", "reference", "checks", "backends", "worker",
-          "launch", "verdict", "results", "report", "plugin"]
+STAGES = ["spec", "calibration", "distributed", "speed", "reference", "checks", "backends",
+          "worker", "launch", "verdict", "results", "report", "plugin"]
 ENTRY_MODULES = {"__init__.py", "__main__.py"}  # python -m harness; the package itself
 # what starts, feeds, watches and kills processes (and their signals)
 PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.py",
@@ -20,7 +20,8 @@ PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.p
                       "launch/rank_server.py", "launch/fork_agent.py",
                       "launch/server_preload.py", "worker/stager_fork.py"]
 # not counted: launch/scratch.py (directories of killed runs swept by the next run: files, not
-# processes), the task model (tasks, task_graph, case_result), placement, inductor_cache
+# processes), the task model (tasks, task_graph, case_result), placement, speed/ (the
+# accelerations: what they start is counted where they start it, launch/ and worker/)
 DOC = HARNESS.parent / "docs" / "architecture.md"
 
 

@@ -254,7 +254,7 @@ def test_report_dir_failure_at_the_end_keeps_summary_and_cleans_work(pytester):
                                         (["--scenario", "nope"], 4)])
 def test_the_collector_runs_again_however_the_run_ends(pytester, args, code):
     """The plugin pauses this process's garbage collector from its configure to the run loop
-    (harness/plugin/collector.py); a collection, a usage error or an unknown scenario all
+    (harness/speed/gc_pause.py); a collection, a usage error or an unknown scenario all
     leave it running, with what was alive at the end of the pause frozen."""
     import gc
     enabled = gc.isenabled()
@@ -268,7 +268,7 @@ def test_the_collector_runs_again_however_the_run_ends(pytester, args, code):
         assert gc.isenabled()
         loop = pytester.path / "loop.txt"
         assert (loop.read_text() == "True") if code == 0 else not loop.exists()
-        from harness.plugin import collector
+        from harness.speed import gc_pause as collector
         assert not collector._paused
     finally:
         gc.unfreeze()

@@ -1,11 +1,11 @@
-"""The pytest process's collector (harness/plugin/collector.py): paused from the plugin's
+"""The pytest process's collector (harness/speed/gc_pause.py): paused from the plugin's
 configure to the run loop, then what is alive is frozen and collections resume."""
 
 import gc
 
 import pytest
 
-from harness.plugin import collector
+from harness.speed import gc_pause as collector
 
 
 @pytest.fixture

@@ -11,12 +11,14 @@ from harness.launch.scheduler import Scheduler
 from harness.launch.tasks import TaskResult
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
+from harness.speed import layers
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeLauncher:
     device, gpus, gpu_share = "cpu", [], "auto"  # what the scheduler reads for case_backend
+    speed = layers.ALL  # and which accelerations the run uses (lane_affinity)
     """Runs each fed task at once; ``crash`` names tasks whose launch dies while they run."""
 
     def __init__(self, slots=1, crash=(), no_checkpoint=()):
@@ -248,7 +250,7 @@ def test_a_lane_takes_its_own_recipes_first_then_ones_no_lane_ran():
     """Within its module a lane takes (async_process saves last) a recipe it ran, then one no
     other lane ran, then one another lane runs: each process pays a recipe's first use
     (seconds a TE module) for as few recipes as it can."""
-    from harness.launch.lane_choice import affinity
+    from harness.speed.lane_choice import affinity
     cases = _two_rank_cases()
     pick = {(c.ax["module"], c.recipe, c.ax["dcp"]): c for c in cases
             if c.ax["reshard"] == "none"}

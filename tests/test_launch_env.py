@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.launch import inductor_cache, launch_dir
+from harness.launch import launch_dir
+from harness.speed import inductor_cache
 from harness.launch.feed import FixedFeed
 from harness.launch.launch import MALLOC_ENV, Launch
 from harness.launch.launch_dir import stager_worlds

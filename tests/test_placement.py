@@ -162,11 +162,11 @@ def test_a_costly_module_gets_a_lane_more_where_the_ranks_fit_the_cores(monkeypa
     module's gets round(k) - 1 lanes more -- only while every rank of the run's lanes still
     has a core: the 2-rank TE matrix on 16 cores gets a sixth lane for TransformerLayer (12
     ranks), the whole 2/4/8-rank matrix (42 ranks) none; no seconds, no extra lane
-    (harness/launch/lane_choice.py)."""
+    (harness/speed/lane_choice.py)."""
     # task seconds of a recorded 2-rank TE run
     per_task = {"Linear": 0.23, "LayerNormLinear": 0.36, "LayerNormMLP": 0.6,
                 "MultiheadAttention": 0.53, "TransformerLayer": 1.2}
-    from harness.launch.lane_choice import _extra
+    from harness.speed.lane_choice import _extra
     assert _extra({"a": 7.4, "b": 11.6, "c": 19.5, "d": 17.0, "e": 38.6}) == 1
     assert _extra({"a": 7.4, "b": 11.6, "c": 19.5, "d": 17.0, "e": 0.0}) == 0
     assert _extra({"a": 5.0}) == 0

@@ -8,7 +8,7 @@ import torch
 from harness.backends import get
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
-from harness.worker import reference_cache
+from harness.speed import reference_cache
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The tasks' seconds a run leaves in pytest's cache for the next run's scheduler
-(harness/plugin/task_seconds.py): merged, per device type, nothing without a cache."""
+(harness/speed/task_seconds.py): merged, per device type, nothing without a cache."""
 
 import json
 import subprocess
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from subprocs import harness_env, one_case_scenario
 
-from harness.plugin import task_seconds
+from harness.speed import task_seconds
 
 
 class FakeCache:

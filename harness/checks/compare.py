@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from harness.calibration.tolerances import Tolerance
+from harness.speed import layers
 
 
 @dataclass
@@ -122,7 +123,7 @@ def _stats(k: str, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     max-abs and sum of squared finite differences. On a GPU the last two are NaN (filled in
     by :func:`_diff_stats` for the keys that differ: asking whether any differ would be a
     host sync per key); on the CPU they are measured here, once."""
-    if _where(a, e).type == "cpu" and a.dtype == e.dtype:
+    if _where(a, e).type == "cpu" and a.dtype == e.dtype and layers.active("compare_fast_path"):
         fast = _equal_stats(a, e)
         if fast is None:
             fast = _finite_stats(a, e)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.launch import ending, inductor_cache, launch_dir, procs, scratch
+from harness.launch import ending, launch_dir, procs, scratch
+from harness.speed import inductor_cache, layers
 from harness.launch.interrupt import Interrupted, deferred
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
@@ -210,7 +211,8 @@ def run_env(device: str, extra_env: dict) -> dict:
     # ``python -m pytest``): a model factory importable there is importable in the workers
     full["PYTHONPATH"] = os.pathsep.join(
         p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
-    full.update(inductor_cache.worker_env(full, extra_env))
+    if "inductor_cache" in layers.from_env(full):
+        full.update(inductor_cache.worker_env(full, extra_env))
     return full
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 from harness.launch import procs
 from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
-from harness.launch.lane_choice import extra_lanes
 from harness.launch.launch import SAFE_ENV, TORCHRUN, Launch, LaunchSettings
 from harness.launch.launch_dir import stager_worlds
 from harness.launch.placement import launch_env, launches_per_slice, place
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
+from harness.speed import layers
+from harness.speed.lane_choice import extra_lanes
 
 __all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
 
@@ -53,7 +54,7 @@ class Launcher:
         self.node_launcher = list(node_launcher or [])
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self.extra_env = dict(env or {})
+        self.extra_env, self.speed = dict(env or {}), layers.from_env(env or {})  # speed/layers
         self.python = python
         self.records: list[LaunchRecord] = []
         self._counter = itertools.count(1)
@@ -73,7 +74,7 @@ class Launcher:
         front, also when its tasks come through the feed: a launch's first such save then does
         not wait for the stager to start. Not on CPU: on a few cores the stagers' start competes
         with the busy lane and makes the run slower."""
-        if self.device == "cuda":
+        if self.device == "cuda" and "stager_prestart" in self.speed:
             self.stager_worlds |= stager_worlds(cases)
         self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
@@ -96,7 +97,8 @@ class Launcher:
         if p is None:
             return [{"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}] if self.gpus and \
                 self.device == "cuda" else [{}]
-        shared = launch_env(p, world_size, self.largest_world, pg_backend)
+        largest = self.largest_world if "cpu_priority" in self.speed else world_size
+        shared = launch_env(p, world_size, largest, pg_backend)
         modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
         n = launches_per_slice(p, self.launches_per_gpu, modules, self.extra.get(world_size, 0))
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}

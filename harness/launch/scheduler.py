@@ -25,11 +25,11 @@ from typing import Callable
 
 from harness.launch.case_result import CaseResult, assemble
 from harness.launch.feed import Feed
-from harness.launch.lane_choice import TaskSeconds, affinity, kind
 from harness.launch.launcher import STOP_JOIN_S, Launcher, Task
 from harness.launch.placement import case_backend
 from harness.launch.task_graph import TaskGraph
 from harness.spec.matrix import Case
+from harness.speed.lane_choice import TaskSeconds, kind, pick
 
 __all__ = ["CaseResult", "Scheduler"]
 
@@ -41,7 +41,7 @@ class Scheduler:
     def __init__(self, launcher: Launcher, cases: list[Case], ckpt_root: Path,
                  scope_of: Callable[[Case], str] = lambda c: "all",
                  concurrency: int | None = None, seconds: dict[str, float] | None = None):
-        self.launcher = launcher
+        self.launcher, self.affinity = launcher, "lane_affinity" in launcher.speed
         self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher))
         self.seconds = TaskSeconds(seconds)  # what a lane taking over a module weighs
         self.done = self.graph.done  # task name -> TaskResult
@@ -129,7 +129,7 @@ class Scheduler:
                 break
             left = self.seconds.left(ready)
             others = [ln.ran for ln in self._lanes.get(lane.key, ()) if ln is not lane]
-            batch = min(ready, key=lambda b: affinity(lane.ran, b[0].case, left, others))
+            batch = pick(ready, lane.ran, left, others, self.affinity)
             ready.remove(batch)  # the first best
             lane.ran.add(kind(batch[0].case))
             out += batch

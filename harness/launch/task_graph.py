@@ -77,7 +77,7 @@ class TaskGraph:
 
     def measured_s(self) -> dict[str, float]:
         """Seconds each task that ran to its end took (its first rank's): what the next run
-        weighs its tasks by (plugin/task_seconds.py)."""
+        weighs its tasks by (speed/task_seconds.py)."""
         return {n: r.seconds for n, r in self.done.items() if r.status == "ok" and r.seconds > 0}
 
     def timeout_s(self, key: tuple) -> float:

@@ -14,8 +14,9 @@ from harness.launch.launch import run_env
 from harness.launch.launcher import Launcher
 from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
-from harness.plugin import options, task_seconds
+from harness.plugin import options
 from harness.spec.matrix import Case
+from harness.speed import layers, task_seconds
 
 
 def scope_of(case: Case) -> str:
@@ -29,15 +30,38 @@ def scope_of(case: Case) -> str:
 LAUNCHES_PER_GPU = 4
 
 
+def chosen(config) -> layers.Accelerations:
+    """The acceleration layers ``--accelerations`` names (speed/layers.py; default all)."""
+    return layers.parse(config.getoption("accelerations") or "all")
+
+
+def accelerations(hs) -> layers.Accelerations:
+    """The layers this run uses: :func:`chosen`, less those its other options and its host
+    turn off (each layer's ``also_off``). The one answer the launches and ranks ask
+    (``Launcher.speed``, ``layers.active``)."""
+    acc = chosen(hs.config)
+    if rank_start(hs) != "fork":
+        acc = acc.without("rank_server", "stager_fork")
+    if hs.device != "cuda":
+        acc = acc.without("stager_prestart", "lane_per_module", "cpu_priority")
+    if hs.config.getoption("launches_per_gpu") is not None:
+        acc = acc.without("lane_per_module")
+    if getattr(hs.config, "cache", None) is None:
+        acc = acc.without("task_seconds")
+    return acc
+
+
 def rank_start(hs) -> str:
     """How this run's launches start their agents and ranks: "fork" (from the run's rank
-    server) where ``--rank-start`` says so (auto: on cuda with a GPU visible) and one node,
-    else "fresh" (a new Python each)."""
+    server) where ``--rank-start`` says so (auto: on cuda with a GPU visible), the
+    accelerations include the rank server and the run has one node, else "fresh" (a new
+    Python each: the plain path)."""
     opt = hs.config.getoption
     mode = opt("rank_start")
     if mode == "auto":
         mode = "fork" if hs.device == "cuda" and hs.env.visible_gpus() else "fresh"
-    if opt("nnodes") != 1 or opt("node_launcher") or not rank_server.available():
+    if opt("nnodes") != 1 or opt("node_launcher") or not rank_server.available() or \
+            "rank_server" not in chosen(hs.config):
         return "fresh"
     return mode
 
@@ -53,10 +77,12 @@ def rank_start_recorded(hs, launches: list[dict]) -> str:
 
 
 def execution_meta(hs, launches: list[dict]) -> dict:
-    """The run meta's account of how it ran: its ranks' start (:func:`rank_start_recorded`)
-    and how many of its tasks had the last run's seconds to be scheduled by (task_seconds.py)."""
+    """The run meta's account of how it ran: its ranks' start (:func:`rank_start_recorded`),
+    its acceleration layers (:func:`accelerations`) and how many of its tasks had the last
+    run's seconds to be scheduled by (task_seconds.py)."""
     ex = hs.execution
     return {"rank_start": rank_start_recorded(hs, launches),
+            "accelerations": accelerations(hs).describe(),
             "task_seconds_known": ex.seconds_known if ex is not None else None}
 
 
@@ -67,7 +93,7 @@ def rank_server_for(hs) -> RankServer | None:
         hs.worker_id is None
     if rank_start(hs) != "fork" or hs.config.getoption("collectonly") or xdist_controller:
         return None
-    return RankServer(hs.backend, run_env(hs.device, {})).start()
+    return RankServer(hs.backend, run_env(hs.device, accelerations(hs).env())).start()
 
 
 class Execution:
@@ -96,15 +122,16 @@ class Execution:
         opt = hs.config.getoption
         launches = hs.record.report_dir / "runs" / hs.run_id / "launches"
         launches = launches / hs.worker_id if hs.worker_id else launches
+        acc = accelerations(hs)
         ex.launcher = Launcher(
             launches, hs.backend, hs.device, gpus=hs.env.visible_gpus(), nnodes=opt("nnodes"),
             rdzv_endpoint=opt("rdzv_endpoint"),
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
-            lane_per_module=opt("launches_per_gpu") is None,
-            gpu_share=opt("gpu_share"), rank_server=hs.rank_server)
+            lane_per_module="lane_per_module" in acc,
+            gpu_share=opt("gpu_share"), rank_server=hs.rank_server, env=acc.env())
         ex.launcher.on_record.append(hs.record.on_launch)
-        ex.seconds = task_seconds.load(hs.config, hs.device)
+        ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex
 

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from harness.launch import interrupt
-from harness.plugin import collector, execution, model_check, options
+from harness.plugin import execution, model_check, options
 from harness.plugin.items import STASH, CaseItem, ScenarioFile
 from harness.plugin.session import HarnessSession
 from harness.spec import catalog
 from harness.spec.scenario import ScenarioError
+from harness.speed import gc_pause
 from harness.verdict import registry
 from harness.verdict.judge import XPASSED
 
@@ -67,6 +68,11 @@ def pytest_addoption(parser):
                      "that imported torch, the worker and the backend while pytest collected "
                      "(harness/launch/rank_server.py); fresh: a new Python per agent and rank "
                      "(torchrun's way); auto (default): fork on cuda with one node")
+    g.addoption("--accelerations", default="all", metavar="all|none|NAME,...",
+                help="the layers that only make the run faster (harness/speed/layers.py): all "
+                     "(default); none, the plain path (fresh torchrun agents and ranks, no "
+                     "preload, no lane affinity; the same outcomes); or names, e.g. "
+                     "all,-reference_cache or none,inductor_cache")
     g.addoption("--gpu-share", choices=("auto", "never", "always"), default="auto",
                 help="where a case's world exceeds the GPUs its launch gets, ranks share them "
                      "(rank r on GPU r mod G) and every process group is gloo: auto (default) "
@@ -93,7 +99,8 @@ def pytest_configure(config):
     if not names:
         return
     options.validate(config)  # one-line UsageErrors, before anything runs
-    collector.pause()  # until the collection is done (session.py): torch, the backend, items
+    if "gc_pause" in execution.chosen(config):  # until the collection is done (session.py)
+        gc_pause.pause()
     try:
         hs = HarnessSession(config, names)
     except (ScenarioError, registry.RegistryError, ValueError) as e:
@@ -120,7 +127,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    collector.settle()  # where the run ended before its collection did
+    gc_pause.settle()  # where the run ended before its collection did
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)

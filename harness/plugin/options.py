@@ -28,6 +28,7 @@ import pytest
 
 from harness.launch import disk
 from harness.spec import catalog
+from harness.speed import layers
 
 MAX_TIMEOUT_S = 86400.0
 MAX_NODES = 1024
@@ -71,6 +72,7 @@ def validate(config) -> None:
     _positive_int(config, "world_size", "--world-size")
     _positive_int(config, "nnodes", "--nnodes", MAX_NODES)
     _positive_int(config, "launches_per_gpu", "--launches-per-gpu", 16)
+    check_accelerations(config)
     reg = config.getoption("xfail_registry")
     if reg is not None and not Path(reg).is_file():  # a typo must not turn the xfails off
         _fail(f"--xfail-registry {reg}: {'not a file' if Path(reg).exists() else 'no such file'}"
@@ -87,6 +89,19 @@ def validate(config) -> None:
         if not argv:
             _fail("--node-launcher '': expected a command, e.g. \"srun --nodes=2 "
                   "--ntasks-per-node=1\"")
+
+
+def check_accelerations(config) -> None:
+    """``--accelerations`` names layers that exist; ``--rank-start fork`` needs the rank
+    server among them."""
+    value = config.getoption("accelerations", None) or "all"
+    try:
+        acc = layers.parse(value)
+    except ValueError as e:
+        _fail(f"--accelerations {value}: {e}")
+    if config.getoption("rank_start", None) == "fork" and "rank_server" not in acc:
+        _fail(f"--rank-start fork: forks from the rank server, which --accelerations {value} "
+              f"leaves out (add rank_server, or use --rank-start fresh)")
 
 
 def _cuda_available() -> bool:

@@ -19,7 +19,7 @@ import pytest
 
 from harness.launch import interrupt
 from harness.launch.case_result import CaseResult
-from harness.plugin import collector, interrupted, leftovers, options
+from harness.plugin import interrupted, leftovers, options
 from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, execution_meta, scope_of
 from harness.plugin.failure_text import FailureFormatter
@@ -31,6 +31,7 @@ from harness.results import store
 from harness.results import write as results
 from harness.results.run_record import RunRecord
 from harness.spec.matrix import Case
+from harness.speed import gc_pause
 from harness.verdict import registry_file
 
 
@@ -143,7 +144,7 @@ class HarnessSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session) -> None:
-        collector.settle()  # paused by hooks.pytest_configure (also an xdist controller's)
+        gc_pause.settle()  # paused by hooks.pytest_configure (also an xdist controller's)
 
     # --- outcomes and the end of the run ----------------------------------------------------
     def pytest_runtest_logreport(self, report) -> None:

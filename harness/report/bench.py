@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace an existing <label>.json (never done without this flag)")
     p.add_argument("--no-cache", action="store_true",
                    help="run pytest without its cache (-p no:cacheprovider): the scheduler then "
-                        "has no task seconds of an earlier run (harness/plugin/task_seconds.py)")
+                        "has no task seconds of an earlier run (harness/speed/task_seconds.py)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER,
                    help="after --: the pytest arguments (e.g. --scenario smoke)")
 
@@ -170,13 +170,15 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
                     count=int(r["count"])) for (ph, u), r in units.iterrows()],
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
         te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"),
-        rank_start=meta.get("rank_start"), task_seconds_known=meta.get("task_seconds_known"))
+        rank_start=meta.get("rank_start"), task_seconds_known=meta.get("task_seconds_known"),
+        accelerations=meta.get("accelerations"))
 
 
 def render(label: str, s: dict) -> str:
     lines = [f"{label}: {s['cases']} cases ({s['outcomes']}) in {s['wall_s']:.1f} s wall, "
              f"{s['launches']} launch(es)" + (f", ranks {s['rank_start']}"
-                                             if s.get("rank_start") else "")]
+                                             if s.get("rank_start") else "")
+             + (f", accelerations {s['accelerations']}" if s.get("accelerations") else "")]
     if not s.get("valid", True):
         lines.append(f"  NOT A BENCHMARK FIGURE: {s['outcomes'].get('failed', 0)} case(s) failed "
                      f"(pytest exit {s.get('pytest_exit')}); a failing case may end early, and "

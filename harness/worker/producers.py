@@ -126,8 +126,8 @@ def train(art) -> dict:
 
 def reference(art) -> dict:
     """The single-process FP32 run; one per run for everything that determines it (cached in
-    the run's work directory, worker/reference_cache.py)."""
-    from harness.worker import reference_cache
+    the run's work directory, speed/reference_cache.py)."""
+    from harness.speed import reference_cache
     case, ctx = art.case, art.ctx
     scale = faults.reference_lr_scale(case)
     k = reference_cache.key(case, ctx.backend, ctx.device, scale)
@@ -144,7 +144,7 @@ def single_rank(art) -> dict:
     for the case (calibration/twin.py says why)."""
     from harness.calibration.twin import not_applicable
     from harness.distributed.single import single_rank_run, twin_ranks
-    from harness.worker import reference_cache
+    from harness.speed import reference_cache
     case, ctx = art.case, art.ctx
     why = not_applicable(case, ctx.backend.name, ctx.device_type)
     if why:

@@ -26,6 +26,7 @@ import tempfile
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 
+from harness.speed import layers
 from harness.worker import tether
 
 SERVER_VAR = "HARNESS_STAGER_SERVER"  # the rank server's socket (set by the launch's server)
@@ -41,7 +42,7 @@ def context(log_path: str) -> "ServerContext | None":
     """What DCP asks for its stager's ``Pipe`` and ``Process`` where a server forks them;
     None where this rank has no server (fresh launches, CPU runs without one)."""
     address = os.environ.get(SERVER_VAR)
-    return ServerContext(address, log_path) if address else None
+    return ServerContext(address, log_path) if address and layers.active("stager_fork") else None
 
 
 class ServerContext:

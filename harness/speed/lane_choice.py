@@ -5,7 +5,7 @@ seconds and what each lane ran (no processes here).
 A rank process pays a module's first use under a recipe once -- TE's compiled functions,
 run-time compiled kernels, cuDNN's graphs: seconds a module, and again for a further recipe --
 so a lane keeps to the (module, recipe) pairs it ran (``affinity``).
-Where the last run's task seconds are known (pytest's cache: plugin/task_seconds.py), a lane
+Where the last run's task seconds are known (pytest's cache: speed/task_seconds.py), a lane
 out of work takes over the module with the most seconds left per lane running it, and a module
 k times the mean module's gets round(k) - 1 lanes more (``extra_lanes``) where every rank of the
 run's lanes still gets a core of the host.
@@ -39,6 +39,15 @@ def affinity(ran: set, case: Case, left: Counter, others: list[set]) -> tuple:
         return (0, last, 0 if k in ran else 1 + taken, 0.0)
     warm = sum(any(m == module for m, _ in o) for o in others)
     return (1, last, 0, 0.0) if not warm else (2, -left[module] / warm, taken, last)
+
+
+def pick(ready: list, ran: set, left: Counter, others: list[set], on: bool = True) -> list:
+    """The batch a lane that ran ``ran`` takes next of the ``ready`` ones: the best by
+    :func:`affinity` (the first of equals), or without the layer ``lane_affinity`` the first
+    ready one (the plain path)."""
+    if not on:
+        return ready[0]
+    return min(ready, key=lambda b: affinity(ran, b[0].case, left, others))
 
 
 class TaskSeconds:

@@ -5,6 +5,9 @@ steps, learning rate) trains the same single-process FP32 model on the same data
 names everything the reference depends on; rank 0 of the first launch that needs it computes
 it and stores it under the run's work directory, every other rank and launch of the run reads
 it. A change of any determinant is another key (tests/test_reference_cache.py).
+
+An acceleration (layer ``reference_cache``, speed/layers.py): without it each call is computed
+by rank 0 for that call alone, under a file name of its own, removed once every rank read it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 import errno
 import hashlib
 import io
+import itertools
 import json
 import os
 from pathlib import Path
@@ -20,6 +24,9 @@ from pathlib import Path
 import torch
 
 from harness.distributed import data
+from harness.speed import layers
+
+_calls = itertools.count()  # plain path: this process's calls, each a file of its own
 
 VERSION = 1  # bump when reference_run or the synthetic data change meaning
 TWIN_VERSION = 2  # bump when single_rank_run changes meaning
@@ -78,9 +85,11 @@ def cached(cache_dir: Path, k: str, compute, ctx, ranks: tuple[int, ...] = (0,))
     the case's state nor join a collective of the case's group."""
     import torch.distributed as dist
     path = Path(cache_dir) / f"{k}.pt"
-    need = [ctx.rank == 0 and not path.is_file()]  # rank 0 alone decides
-    if len(ranks) > 1:
-        dist.broadcast_object_list(need, src=0, group=ctx.exchange)
+    plain = not layers.active("reference_cache")  # computed for this call alone, then removed
+    if plain:
+        path = path.with_name(f"{k}.{os.getpid()}-{next(_calls)}.pt")  # rank 0's name is sent
+    need = [ctx.rank == 0 and (plain or not path.is_file()), str(path)]  # rank 0 decides
+    dist.broadcast_object_list(need, src=0, group=ctx.exchange)
     err = None
     if need[0] and ctx.rank in ranks:
         try:
@@ -90,13 +99,14 @@ def cached(cache_dir: Path, k: str, compute, ctx, ranks: tuple[int, ...] = (0,))
                 store(value, path)
         except Exception as e:  # noqa: BLE001 - every rank raises it below
             err = str(e) if isinstance(e, OSError) else repr(e)
-    if len(ranks) > 1:
-        errs = [None] * ctx.world_size
-        dist.all_gather_object(errs, err, group=ctx.exchange)
-        flag = [next(((r, e) for r, e in enumerate(errs) if e is not None), None)]
-    else:
-        flag = [None if err is None else (0, err)]
-        dist.broadcast_object_list(flag, src=0, group=ctx.exchange)
-    if flag[0] is not None:
-        raise RuntimeError(f"the cached run failed on rank {flag[0][0]}: {flag[0][1]}")
-    return tuple(torch.load(path, weights_only=True))
+    errs = [None] * ctx.world_size
+    dist.all_gather_object(errs, err, group=ctx.exchange)
+    failed = next(((r, e) for r, e in enumerate(errs) if e is not None), None)
+    if failed is not None:
+        raise RuntimeError(f"the cached run failed on rank {failed[0]}: {failed[1]}")
+    value = tuple(torch.load(need[1], weights_only=True))
+    if plain:
+        dist.barrier(group=ctx.exchange)  # every rank has read it
+        if ctx.rank == 0:
+            Path(need[1]).unlink(missing_ok=True)
+    return value

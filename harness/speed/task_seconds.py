@@ -1,7 +1,7 @@
 """The seconds each task took in the last run on this checkout, kept in pytest's cache
 (``.pytest_cache``, the cache provider's ``config.cache``; nothing without it, e.g.
 ``-p no:cacheprovider``): the scheduler weighs a module's work left by them and the launcher
-gives a costly module more lanes (launch/lane_choice.py). A hint
+gives a costly module more lanes (speed/lane_choice.py). A hint
 for the order of the tasks only: no case's outcome depends on it. One entry per device type
 (CPU and GPU runs of one checkout take very different times)."""
 
