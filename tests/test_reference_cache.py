@@ -82,6 +82,7 @@ def test_rank0_computes_in_a_library_state_of_its_own(tmp_path, monkeypatch):
 
     import torch.distributed as dist
     monkeypatch.setattr(dist, "broadcast_object_list", lambda objs, src, group: None)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group: out.__setitem__(0, obj))
     events = []
 
     class Backend:
@@ -93,7 +94,7 @@ def test_rank0_computes_in_a_library_state_of_its_own(tmp_path, monkeypatch):
             finally:
                 events.append("exit")
 
-    ctx = SimpleNamespace(rank=0, backend=Backend(), exchange=None)
+    ctx = SimpleNamespace(rank=0, world_size=1, backend=Backend(), exchange=None)
 
     def compute():
         events.append("compute")

@@ -67,10 +67,17 @@ def _import():
         return None, None, f"{type(e).__name__}: {e}"
 
 
+# FSDP2 cannot all-gather block-scaled tensors over a one-rank shard dim (the registered
+# hsdp*x1 failure); with no mixed-precision policy for a quantized recipe FSDP2 would neither
+# cast nor reduce there, so the twin's plain module computes what it would
+TWIN_WITHOUT_FSDP = BLOCK_FORMATS
+
+
 class TEBackend(TorchBackend):
     name = "te"
     recipes = catalog.RECIPES_BY_BACKEND["te"]
     whole_batch_twin = ("delayed",)  # amaxes reduced over the world each step (single.py)
+    twin_without_fsdp = TWIN_WITHOUT_FSDP
     # Float8Tensor's transpose cache and the columnwise copies of blockwise / MXFP8 / NVFP4
     # tensors are (re)built when a GEMM needs them; whatever a load leaves absent is compared
     # after the next step with the uninterrupted run's (dcp_roundtrip rebuilt_buffers).
@@ -134,14 +141,6 @@ class TEBackend(TorchBackend):
             torch.manual_seed(seed)
             return self.make(case, str(device), seed=seed)
 
-    def build_twin(self, case, mesh, mesh_spec, seed: int, device):
-        """Block-scaled formats: no fully_shard (FSDP2 cannot all-gather their tensors over a
-        one-rank shard dim: the registered hsdp*x1 failure). There FSDP2 would neither cast
-        (no mixed-precision policy for a quantized recipe) nor reduce, so the plain module
-        computes what the one-rank FSDP2 module would."""
-        return self.build(case, mesh, mesh_spec, seed, device,
-                          fsdp=case.recipe not in BLOCK_FORMATS)
-
     def build(self, case, mesh, mesh_spec, seed: int, device, fsdp: bool = True):
         from harness.distributed import parallel
         te, _, _ = _import()
@@ -156,12 +155,8 @@ class TEBackend(TorchBackend):
             ctx = models.context(case, self.name, seed, "meta", mesh, mesh_spec)
             parallelize_module(model, mesh[TP], models.tp_plan(case.model_ref, model, ctx))
             parallel.retie(model, ties)
-        if hasattr(model, "fsdp_units"):
-            units = model.fsdp_units()
-        else:
-            units = list(model.children()) if case.ax["module"] == "TransformerLayer" else []
         if fsdp:
-            parallel.shard(model, mesh, mesh_spec, case.recipe, units=units,
+            parallel.shard(model, mesh, mesh_spec, case.recipe, units=_fsdp_units(model, case),
                            names=self.mesh_names(case),
                            reduce_dtype=faults.reduce_dtype(case, mesh_spec))
         for m in model.modules():
@@ -226,6 +221,14 @@ class TEBackend(TorchBackend):
     def checks(self, case) -> dict:
         from harness.checks import te_checks
         return {**super().checks(case), **te_checks.CHECKS}
+
+
+def _fsdp_units(model, case) -> list:
+    """The modules fully_shard wraps before the root: a model's own choice, else a
+    TransformerLayer's children."""
+    if hasattr(model, "fsdp_units"):
+        return model.fsdp_units()
+    return list(model.children()) if case.ax["module"] == "TransformerLayer" else []
 
 
 def _tp(case) -> int:

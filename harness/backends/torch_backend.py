@@ -14,6 +14,7 @@ from harness.spec import catalog
 class TorchBackend:
     name = "torch"
     whole_batch_twin: tuple[str, ...] = ()  # recipes whose twin runs the whole batch at once
+    twin_without_fsdp: tuple[str, ...] = ()  # recipes whose twin is built without fully_shard
     recipes = catalog.RECIPES_BY_BACKEND["torch"]
     # name fragments of quantized-tensor buffers the backend rebuilds lazily (on the next
     # forward / backward): a load may leave them absent; dcp_roundtrip then compares them
@@ -44,7 +45,9 @@ class TorchBackend:
 
     def build_twin(self, case, mesh, mesh_spec, seed: int, device):
         """The sharding-invariance twin's model on its own mesh (distributed/single.py): the
-        case's build, unless a backend says otherwise."""
+        case's build; without fully_shard for the recipes ``twin_without_fsdp`` names."""
+        if case.recipe in self.twin_without_fsdp:
+            return self.build(case, mesh, mesh_spec, seed, device, fsdp=False)
         return self.build(case, mesh, mesh_spec, seed, device)
 
     def reference_model(self, case, seed: int, device):
