@@ -25,12 +25,14 @@ uv_install() {  # uv pip install "$@" with pip's settings (best version over all
   "$VPY" -m pip install -q uv && "$VPY" -m uv pip install "${args[@]}" "$@"
 }
 
-CHECK="import harness, torch, pandas, pyarrow, xdist"
+# One interpreter checks an installed .venv and prints torch's version (CI runs this script
+# twice: each torch import is seconds of a 2-core VM); a fresh one is checked after its install.
+CHECK="import harness, torch, pandas, pyarrow, xdist; print('torch', torch.__version__)"
 if ! "$VPY" -c "$CHECK" 2>/dev/null; then
   if ! uv_install -c ci/constraints-cpu.txt -e '.[test]'; then
     echo "uv could not install the harness; installing with pip"
     "$VPY" -m pip install -q --upgrade pip
     "$VPY" -m pip install -q -c ci/constraints-cpu.txt -e '.[test]'
   fi
+  "$VPY" -c "$CHECK"
 fi
-"$VPY" -c "$CHECK; print('torch', torch.__version__)"

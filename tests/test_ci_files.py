@@ -194,3 +194,16 @@ def test_strip_fatbin_zeroes_the_other_architectures_only(tmp_path):
     for o, n in (at[80],):
         untouched[o:o + n] = bytes(n)
     assert out == bytes(untouched)  # headers and everything else as they were
+
+
+def test_the_slow_files_handed_out_first_exist():
+    """tests/conftest.py's SLOW_FILES orders the README test command's xdist files: a renamed
+    or split file must be renamed there too, or it silently goes back to the end of the run."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tests_conftest", ROOT / "tests" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    SLOW_FILES = conftest.SLOW_FILES
+    missing = [f for f in SLOW_FILES if not (ROOT / f).is_file()]
+    assert not missing, missing
+    assert list(SLOW_FILES.values()) == sorted(SLOW_FILES.values(), reverse=True)
