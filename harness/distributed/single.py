@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from harness.distributed import data, parallel, run
-from harness.spec.mesh import SHARD, TP, MeshSpec
+from harness.spec.mesh import SHARD, TP, MeshSpec, parse_mesh
 
 SPEC = MeshSpec("dp1")  # one FSDP2 shard of size 1: the whole model on this rank
 _MESHES: dict = {}
@@ -33,7 +33,7 @@ LOCAL_BACKEND = "gloo"  # the twin's groups': no split of the launch's NCCL comm
 
 def twin_spec(spec: MeshSpec) -> MeshSpec:
     """The twin's mesh: the case's TP degree, one data-parallel rank."""
-    return SPEC if spec.tp == 1 else MeshSpec(f"dp1xtp{spec.tp}", tp=spec.tp)
+    return SPEC if spec.tp == 1 else parse_mesh(f"dp1xtp{spec.tp}")
 
 
 def twin_ranks(spec: MeshSpec) -> list[int]:
@@ -166,7 +166,8 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     params, stored, quantized = {}, {}, False
     for n, p in model.named_parameters():
         master = optim.state.get(p, {}).get("master_param") if _quantized(p) else None
-        params[names.get(n, n)] = _whole(master if isinstance(master, torch.Tensor) else p)
-        stored[names.get(n, n)] = _whole(p)
+        stored[names.get(n, n)] = _whole(p)  # one gather a tensor: params reuse it
+        params[names.get(n, n)] = _whole(master) if isinstance(master, torch.Tensor) \
+            else stored[names.get(n, n)]
         quantized = quantized or _quantized(p)
     return losses, grads, params, (stored if quantized else None)
