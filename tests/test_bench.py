@@ -150,3 +150,45 @@ def test_a_gpu_rank_s_cuda_context_is_a_phase_of_its_own(tmp_path):
     rec = dict(started=100.0, ended=111.0, phases=got, tasks=1)
     # the task interval starts after every start-up phase: 100 + 1 + 0 + 1.6 + 0.05 + 0.05 + wait
     assert task_wall([rec]) == pytest.approx(110.0 - 102.7)
+
+
+@pytest.mark.parametrize("given", [None, "two", "eq"])
+def test_the_benchmarked_run_keeps_pytest_s_rootdir_and_cache(tmp_path, given):
+    """A report dir passed as its own argument is a path to pytest: the run was rooted there,
+    its cache (the task seconds, speed/task_seconds.py) in a fresh temporary directory, and
+    bench runs never found an earlier run's seconds ("0 of 502" in every bench run on 1 and 2
+    H200s, second runs included)."""
+    from _pytest.config.findpaths import determine_setup
+    proj, rep = tmp_path / "proj", tmp_path / "elsewhere" / "rep"
+    proj.mkdir()
+    rep.mkdir(parents=True)
+    (proj / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    args = ["-p", "harness.plugin", "--scenario", "smoke"]
+    args = args + {None: [], "two": ["--report-dir", str(rep)], "eq": [f"--report-dir={rep}"]
+                   }[given]
+    found, rest = bench.report_dir_arg(args)
+    assert found == (None if given is None else str(rep)) and "--report-dir" not in rest
+    argv = bench.pytest_argv(rest, found or str(rep), no_cache=False)
+    assert argv.count(f"--report-dir={rep}") == 1 and "-p" in argv
+
+    def rootdir(a):
+        return determine_setup(inifile=None, override_ini=None, args=a, rootdir_cmd_arg=None,
+                               invocation_dir=proj)[0]
+    assert rootdir(argv[3:]) == proj
+    assert rootdir(["--report-dir", str(rep)] + rest) != proj  # the bug this avoids
+
+
+def test_a_run_rooted_in_its_report_dir_says_so(tmp_path):
+    """``pytest --report-dir DIR`` (two arguments, DIR outside the project) roots the run in
+    DIR: the header says how to keep pytest's cache in the project."""
+    rep = tmp_path / "rep"
+    rep.mkdir()
+
+    def header(*how):
+        p = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "--scenario",
+                            "smoke", "--collect-only", *how], cwd=ROOT, env=harness_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout
+    assert f"give it as --report-dir={rep}" in header("--report-dir", str(rep))
+    assert "give it as" not in header(f"--report-dir={rep}")

@@ -13,6 +13,7 @@ from harness.plugin.environment import RunEnvironment
 from harness.results.case_rows import case_rows
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
+from harness.speed import layers
 from harness.worker.main import NICE_VAR, PG_BACKEND_VAR, own_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,10 +46,31 @@ def test_shared_slots_say_gloo_and_take_fewer_launches():
     assert one.slots(8) == [{"CUDA_VISIBLE_DEVICES": "0", PG_BACKEND_VAR: "gloo"}] * 2
     assert one.slots(1) == [{"CUDA_VISIBLE_DEVICES": "0"}] * 4  # a GPU per rank: no share
     two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=4)
-    assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}] * 4
+    assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}] * 8  # 4 a GPU (lanes_per_gpu)
     never = Launcher("/nonexistent", "te", "cuda", gpus=["0"], gpu_share="never")
     assert PG_BACKEND_VAR not in never.slots(2)[0]
     assert Launcher("/nonexistent", "torch", "cpu").slots(8) == [{}]
+
+
+@pytest.mark.parametrize("gpus, world, per_gpu, plain", [
+    (1, 2, 5, 5), (1, 8, 2, 2),  # one GPU: the same either way
+    (2, 2, 10, 5),  # NCCL, a slice of 2 GPUs: 5 a GPU as on one (the one-GPU host's 10 ranks)
+    (2, 4, 8, 5),  # shared over 2 GPUs, 2 ranks a GPU: one GPU takes 4 four-rank launches
+    (2, 8, 4, 4),  # 4 ranks a GPU: MAX_RANKS_PER_GPU bounds both
+    (4, 2, 10, 5),  # two NCCL slices of 2 GPUs, 10 launches each
+    (4, 8, 8, 5), (8, 8, 16, 5)])
+def test_a_slice_of_g_gpus_takes_g_times_one_gpu_s_launches(gpus, world, per_gpu, plain):
+    """The layer lanes_per_gpu: a world's ranks per GPU (and per core: 16 cores a GPU on the
+    lent hosts) as on one GPU, so G GPUs run its cases in G times the lanes; plain, a slice
+    took one GPU's count (the 2-rank cases on 2 H200s ran in the 5 lanes of one)."""
+    p = placement.place(world, [str(i) for i in range(gpus)])
+    got = placement.launches_per_slice(p, 4, modules=5, per_gpu_world=world)
+    assert got == per_gpu and placement.launches_per_slice(p, 4, modules=5) == plain
+    assert got * p.ranks_per_gpu <= placement.MAX_RANKS_PER_GPU
+    off = Launcher("/nonexistent", "te", "cuda", gpus=[str(i) for i in range(gpus)],
+                   launches_per_gpu=4, env=layers.parse("all,-lanes_per_gpu").env())
+    assert len(off.slots(world)) == len(p.slices) * min(4, placement.MAX_RANKS_PER_GPU //
+                                                       p.ranks_per_gpu)
 
 
 def test_smaller_worlds_run_at_a_lower_cpu_priority():
@@ -67,7 +89,7 @@ def test_smaller_worlds_run_at_a_lower_cpu_priority():
     assert one.slots(4)[0] == {"CUDA_VISIBLE_DEVICES": "0", PG_BACKEND_VAR: "gloo"}
     two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=1)
     two.expect(cases)  # NCCL launches share the host's cores too
-    assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "3"}]
+    assert two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "3"}] * 2
     cpu = Launcher("/nonexistent", "torch", "cpu")
     cpu.expect(cases)
     assert cpu.slots(2) == [{}]
@@ -151,7 +173,7 @@ def test_a_lane_per_module_of_a_worlds_cases_where_more():
     nccl = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=4,
                     lane_per_module=True)
     nccl.expect(cases)
-    assert nccl.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "6"}] * 5
+    assert nccl.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1", NICE_VAR: "6"}] * 10  # 5 a GPU
     cpu = Launcher("/nonexistent", "torch", "cpu", lane_per_module=True)
     cpu.expect(cases)
     assert cpu.slots(2) == [{}]
@@ -240,8 +262,9 @@ def test_every_phase_of_a_case_runs_on_the_backend_it_is_recorded_with(tmp_path)
     assert keys["train:bf16-dp2-Linear-sync-none"] == ("all", 2, "nccl")
     assert graph.shared_with == {}  # the gloo case trains its own, not the NCCL case's
     two = Launcher("/nonexistent", "te", "cuda", gpus=["0", "1"], launches_per_gpu=1)
-    assert two.slots(2, "gloo") == [{"CUDA_VISIBLE_DEVICES": "0,1", PG_BACKEND_VAR: "gloo"}]
-    assert two.slots(2, "nccl") == two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}]
+    gloo = {"CUDA_VISIBLE_DEVICES": "0,1", PG_BACKEND_VAR: "gloo"}
+    assert two.slots(2, "gloo") == [gloo] * 2  # a launch a GPU: lanes_per_gpu
+    assert two.slots(2, "nccl") == two.slots(2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}] * 2
     # one GPU: every case shares anyway (one training, as before); CPU: no backend to choose
     assert {pg(["0"])(c) for c in (down, up, dp2)} == {"gloo"}
     shared = TaskGraph([down, up, dp2], tmp_path, lambda c: "all", pg(["0"])).shared_with

@@ -100,7 +100,8 @@ class Launcher:
         largest = self.largest_world if "cpu_priority" in self.speed else world_size
         shared = launch_env(p, world_size, largest, pg_backend)
         modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
-        n = launches_per_slice(p, self.launches_per_gpu, modules, self.extra.get(world_size, 0))
+        n = launches_per_slice(p, self.launches_per_gpu, modules, self.extra.get(world_size, 0),
+                               per_gpu_world=world_size if "lanes_per_gpu" in self.speed else 0)
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
                 for _ in range(n) for sl in p.slices]
 

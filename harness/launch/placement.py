@@ -75,7 +75,7 @@ def case_backend(case, on) -> str:
 
 
 def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0,
-                       extra: int = 0) -> int:
+                       extra: int = 0, per_gpu_world: int = 0) -> int:
     """Concurrent launches on each slice: ``launches_per_gpu``, or one per module where the
     world's cases use more ``modules`` (0: not counted), and ``extra`` more for costly modules
     (``lane_choice.extra_lanes``) -- fewer where their ranks would put more than
@@ -84,9 +84,19 @@ def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0,
     A rank process pays each module's first use once (TE's compiled functions, cuDNN's
     attention graphs, kernel loading: seconds a module) and the scheduler keeps a lane on its
     modules (``scheduler.affinity``): with a lane per module every module's cases start at once
-    and none is first used in a second lane."""
+    and none is first used in a second lane.
+
+    ``per_gpu_world`` (the world size, where the layer ``lanes_per_gpu`` is on): that count is
+    what ONE GPU takes of that world's launches (all their ranks on it), and a slice of g GPUs
+    takes g times as many: each GPU and its share of the host's cores then hold as many of the
+    world's ranks as on a one-GPU host, and the world's cases split over g times the lanes.
+    Without it a slice takes one GPU's count whatever its GPUs (the 2-rank cases on 2 GPUs
+    ran in as many lanes as on one)."""
     wanted = max(launches_per_gpu, modules + extra if modules else 0)
-    return max(1, min(wanted, MAX_RANKS_PER_GPU // p.ranks_per_gpu))
+    if not per_gpu_world:
+        return max(1, min(wanted, MAX_RANKS_PER_GPU // p.ranks_per_gpu))
+    one_gpu = max(1, min(wanted, MAX_RANKS_PER_GPU // per_gpu_world))
+    return max(1, min(one_gpu * len(p.slices[0]), MAX_RANKS_PER_GPU // p.ranks_per_gpu))
 
 
 def describe(world_sizes, gpus: list[str], share: str) -> tuple[str, int]:

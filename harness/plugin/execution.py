@@ -43,7 +43,7 @@ def accelerations(hs) -> layers.Accelerations:
     if rank_start(hs) != "fork":
         acc = acc.without("rank_server", "stager_fork")
     if hs.device != "cuda":
-        acc = acc.without("stager_prestart", "lane_per_module", "cpu_priority")
+        acc = acc.without("stager_prestart", "lane_per_module", "lanes_per_gpu", "cpu_priority")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
     if getattr(hs.config, "cache", None) is None:
@@ -83,7 +83,8 @@ def execution_meta(hs, launches: list[dict]) -> dict:
     ex = hs.execution
     return {"rank_start": rank_start_recorded(hs, launches),
             "accelerations": accelerations(hs).describe(),
-            "task_seconds_known": ex.seconds_known if ex is not None else None}
+            "task_seconds_known": ex.seconds_known if ex is not None else None,
+            "tasks": ex.task_records() if ex is not None else []}
 
 
 def rank_server_for(hs) -> RankServer | None:
@@ -149,6 +150,19 @@ class Execution:
         self.launcher.expect(cases, tasks, self.seconds)
         self.seconds_known = f"{sum(t.name in self.seconds for t in tasks)} of {len(tasks)}"
         self.scheduler.begin()
+
+    def task_records(self) -> list[dict]:
+        """Each task that ran to its end: its world size, its case's world sizes, module,
+        process-group backend and seconds -- what the scaling model (report/scaling.py)
+        predicts other hosts' wall time from."""
+        if self.scheduler is None:
+            return []
+        graph = self.scheduler.graph
+        return [dict(name=t.name, world=t.world_size, worlds=list(t.case.world_sizes),
+                     module=t.case.ax.get("module"), pg=graph.key(t)[2],
+                     seconds=round(r.seconds, 3))
+                for t in graph.all if (r := graph.done.get(t.name)) is not None
+                and r.status == "ok" and r.seconds > 0]
 
     def shutdown(self, config=None, device: str = "") -> None:
         """The lanes end: at once if every case has its result, else they are stopped (a run

@@ -95,7 +95,12 @@ class HarnessSession:
     # --- collection -------------------------------------------------------------------------
     def pytest_report_header(self, config) -> list[str]:
         note = self.selection.backend_note
-        return [f"harness: {note}"] if note else []
+        lines = [f"harness: {note}"] if note else []
+        if config.rootpath.resolve() == self.record.report_dir:  # "--report-dir DIR": a path
+            lines.append(f"harness: pytest took the report dir for a path to test and roots the "
+                         f"run there (its cache: the task seconds, on-demand populations); "
+                         f"give it as --report-dir={self.record.report_dir}")
+        return lines
 
     @pytest.hookimpl(trylast=True)  # after -k / -m deselection
     def pytest_collection_modifyitems(self, items) -> None:

@@ -42,7 +42,7 @@ import pandas as pd
 
 from harness.calibration import derive
 from harness.launch.tasks import END_PHASES, START_PHASES, task_wall
-from harness.report import outfile
+from harness.report import outfile, scaling
 
 PHASES = START_PHASES + END_PHASES
 
@@ -171,7 +171,8 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
         te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"),
         rank_start=meta.get("rank_start"), task_seconds_known=meta.get("task_seconds_known"),
-        accelerations=meta.get("accelerations"))
+        accelerations=meta.get("accelerations"),
+        scaling=scaling.model(meta, session, wall, gpus))
 
 
 def render(label: str, s: dict) -> str:
@@ -199,6 +200,8 @@ def render(label: str, s: dict) -> str:
                                                       for k, v in s["session_s"].items()))
     lines.append("  launch phases (s, summed over launches): " + ", ".join(
         f"{k} {v:.1f}" for k, v in s["launch_phases_s"].items()))
+    if s.get("scaling"):
+        lines += scaling.render(s["scaling"])
     lines.append("  seconds per producer / check (sum over cases; per case):")
     for u in s["units"]:
         lines.append(f"    {u['phase']:>7} {u['unit']:<28} {u['total_s']:8.2f}  {u['per_case_s']:.3f}")
@@ -222,6 +225,32 @@ def target(label: str, out: str, force: bool) -> Path:
     return path
 
 
+def report_dir_arg(pytest_args: list[str]) -> tuple[str | None, list[str]]:
+    """The ``--report-dir`` the pytest arguments give (either spelling), and the arguments
+    without it."""
+    out, given, skip = [], None, False
+    for i, a in enumerate(pytest_args):
+        if skip:
+            skip = False
+        elif a == "--report-dir" and i + 1 < len(pytest_args):
+            given, skip = pytest_args[i + 1], True
+        elif a.startswith("--report-dir="):
+            given = a.split("=", 1)[1]
+        else:
+            out.append(a)
+    return given, out
+
+
+def pytest_argv(pytest_args: list[str], report_dir: str, no_cache: bool) -> list[str]:
+    """The benchmarked pytest command. The report dir goes as ``--report-dir=DIR``, one
+    argument: pytest takes a separate argument naming an existing directory for a path to test
+    and roots the run there -- its cache (the task seconds the scheduler weighs by,
+    speed/task_seconds.py) then lived in a fresh temporary directory, and no bench run ever
+    found an earlier run's seconds."""
+    return [sys.executable, "-m", "pytest", f"--report-dir={report_dir}", *pytest_args, "-q"] + (
+        ["-p", "no:cacheprovider"] if no_cache else [])
+
+
 def run(args: argparse.Namespace) -> int:
     pytest_args = [a for a in args.pytest_args if a != "--"]
     if not pytest_args:
@@ -232,14 +261,10 @@ def run(args: argparse.Namespace) -> int:
     except outfile.OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    given = next((pytest_args[i + 1] for i, a in enumerate(pytest_args[:-1])
-                  if a == "--report-dir"), None)
+    given, pytest_args = report_dir_arg(pytest_args)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         report_dir = given or tmp  # a --report-dir in the arguments keeps the run's files
-        argv = [sys.executable, "-m", "pytest", *pytest_args, "-q"] + (
-            ["-p", "no:cacheprovider"] if args.no_cache else [])
-        if not given:
-            argv[3:3] = ["--report-dir", tmp]
+        argv = pytest_argv(pytest_args, report_dir, args.no_cache)
         with UsageSampler() as sampler:
             t0 = time.time()
             rc = subprocess.run(argv, timeout=6 * 3600).returncode

@@ -55,6 +55,9 @@ LAYERS = (
           "the default launches per GPU, more for a costly module; plain: --launches-per-gpu",
           "launch/placement.py (launches_per_slice), speed/lane_choice.py (extra_lanes)",
           "an explicit --launches-per-gpu; CPU runs"),
+    Layer("lanes_per_gpu", "on GPU, a slice of g GPUs takes g times the launches one GPU takes "
+          "of a world size (ranks per GPU and per core as on one GPU); plain: one GPU's count "
+          "whatever the slice's GPUs", "launch/placement.py (launches_per_slice)", "CPU runs"),
     Layer("cpu_priority", "on GPU, ranks of smaller worlds run at a lower CPU priority; plain: "
           "the host's default", "launch/placement.py (cpu_priority)", "CPU runs"),
     Layer("reference_cache", "the FP32 reference and one-rank twin computed once per run for "
@@ -111,6 +114,16 @@ def parse(value: str) -> Accelerations:
             raise ValueError(f"no layer {name!r}; the layers: {', '.join(NAMES)}")
         (on.discard if p.startswith("-") else on.add)(name)
     return Accelerations(frozenset(on))
+
+
+def from_described(text: str) -> Accelerations:
+    """The layers a run's meta names (:meth:`Accelerations.describe`'s words); unknown names
+    (a layer since removed) are left out."""
+    text = text.strip()
+    if text in ("all", "none"):
+        return ALL if text == "all" else PLAIN
+    named = {n.strip() for n in text.removeprefix("all but ").split(",")} & set(NAMES)
+    return Accelerations(frozenset(set(NAMES) - named if text.startswith("all but ") else named))
 
 
 def from_env(env=None) -> Accelerations:

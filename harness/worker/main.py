@@ -106,10 +106,9 @@ def _cpu_timeout_s(group) -> float | None:
 def own_gpu(env, local_rank: int) -> int:
     """Before CUDA starts: the rank's GPU (r mod G of the launch's) made the only one it sees,
     so threads and processes that never call ``set_device`` -- DCP's async-save thread and its
-    stager (``torch.cuda.current_stream()`` in its CPU loader), which take the rank's
-    environment -- use that GPU, not GPU 0 (else every rank of GPU 1 makes a second CUDA
-    context on GPU 0 in its async saves, and GPU 0 runs out of memory). The device
-    index to use (0, or r mod G where the launch named no GPUs)."""
+    stager (``torch.cuda.current_stream()``), which take the rank's environment -- use it, not
+    GPU 0 (else each rank of GPU 1 makes a second CUDA context on GPU 0 in its async saves).
+    The device index to use (0, or r mod G where the launch named no GPUs)."""
     ids = [i for i in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
     if not ids:
         import torch
@@ -139,9 +138,10 @@ def _init(plan: dict, timeline: dict, log_path: str):
         timeline["cuda_context"] = time.time()
         dist.init_process_group("gloo", timeout=setup)
     elif plan["device"] == "cuda":
-        torch.cuda.set_device(local_rank)
+        # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons)
+        device = torch.device("cuda", own_gpu(os.environ, local_rank))
+        torch.cuda.set_device(device)
         timeline["cuda_context"] = time.time()
-        device = torch.device("cuda", local_rank)
         # async DCP needs a CPU backend beside NCCL
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
     else:

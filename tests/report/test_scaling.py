@@ -1,0 +1,79 @@
+"""The scaling model (harness/report/scaling.py): a run's wall time on 1, 2, 4 and 8 GPUs from
+its task seconds, with the launcher's own lane counts."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.launch.launcher import Launcher
+from harness.report import scaling
+from harness.spec.matrix import expand
+from harness.spec.scenario import load_scenario
+from harness.speed import layers
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer")
+
+
+def _task(world, worlds, module, seconds, pg="gloo"):
+    return dict(name=f"{module}-{world}-{seconds}", world=world, worlds=list(worlds),
+                module=module, pg=pg, seconds=seconds)
+
+
+def _launch(start):
+    return dict(tasks=1, phases=dict(process_start=start, cuda_context=0.0))
+
+
+def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
+    """Five modules: on one GPU the 2-rank pool takes 5 lanes and the 8-rank one 2 (16 ranks
+    a GPU), on two the 2-rank pool goes NCCL with 10 lanes and the 8-rank one takes 4."""
+    tasks = [_task(2, (2,), m, 1.0) for m in MODULES for _ in range(2)]  # 10 s
+    tasks += [_task(8, (8,), m, 4.0) for m in MODULES]  # 20 s
+    launches = [_launch(2.0), _launch(3.0), _launch(9.0)]
+    meta = dict(tasks=tasks, launches=launches, accelerations="all")
+    m = scaling.model(meta, {"before_first_launch_s": 4.0, "after_last_launch_s": 1.0}, 16.0, 1)
+    one, two, four = m["predicted"][:3]
+    assert one["pools"] == {"2/gloo": dict(seconds=10.0, lanes=5, per_lane_s=2.0),
+                            "8/gloo": dict(seconds=20.0, lanes=2, per_lane_s=10.0)}
+    assert (one["wall_s"], one["bound_by"], one["start_s"]) == (5.0 + 3.0 + 10.0, "8/gloo", 3.0)
+    assert two["pools"]["2/nccl"]["lanes"] == 10 and two["pools"]["8/gloo"]["lanes"] == 4
+    assert two["wall_s"] == 5.0 + 3.0 + 5.0 and two["backend_changes"] == ["2/nccl"]
+    assert four["pools"]["8/gloo"]["lanes"] == 8 and four["wall_s"] == 5.0 + 3.0 + 2.5
+    text = "\n".join(scaling.render(m))
+    assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 20.0 s / 2 lanes   measured 16.0 s" in text
+    assert "NCCL/gloo differ from the run: 2/nccl" in text
+    # without lanes_per_gpu a slice of 2 GPUs took one GPU's lanes: the 2-rank pool 5
+    plain = scaling.model({**meta, "accelerations": "all but lanes_per_gpu"}, {}, 16.0, 1)
+    assert plain["predicted"][1]["pools"]["2/nccl"]["lanes"] == 5
+    assert scaling.model({**meta, "tasks": []}, {}, 16.0, 1) is None  # nothing to predict from
+    assert scaling.model(meta, {}, 16.0, 0) is None  # a CPU run
+
+
+def test_a_case_that_shares_in_one_phase_keeps_its_other_phase_on_gloo():
+    """A 2-rank train whose reshard goes to 4 ranks: on 2 GPUs the 4 ranks share, so the
+    2-rank phase runs gloo too (placement.case_backend) -- a pool of its own."""
+    tasks = [_task(2, (2, 4), "Linear", 1.0), _task(4, (2, 4), "Linear", 1.0),
+             _task(2, (2,), "Linear", 1.0)]
+    pools = scaling.pools(tasks, 2)
+    assert set(pools) == {(2, "gloo"), (4, "gloo"), (2, "nccl")}
+    assert set(scaling.pools(tasks, 4)) == {(2, "nccl"), (4, "nccl")}
+
+
+@pytest.mark.parametrize("gpus", scaling.GPU_COUNTS)
+def test_the_model_counts_the_lanes_the_launcher_starts(gpus):
+    """The model's lanes are the launcher's (Launcher.slots) for the TE matrix on every GPU
+    count: a change to the placement changes both."""
+    cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
+    launcher = Launcher("/nonexistent", "te", "cuda", gpus=[str(i) for i in range(gpus)],
+                        launches_per_gpu=scaling.LAUNCHES_PER_GPU, lane_per_module=True)
+    launcher.expect(cases)
+    tasks = [_task(w, c.world_sizes, c.ax["module"], 1.0) for c in cases for w in c.world_sizes]
+    modules = scaling.modules_by_world(tasks)
+    for world in {w for c in cases for w in c.world_sizes}:
+        assert scaling.lanes(world, gpus, modules[world]) == len(launcher.slots(world))
+
+
+def test_a_run_s_described_layers_read_back():
+    for acc in (layers.ALL, layers.PLAIN, layers.parse("all,-lanes_per_gpu"),
+                layers.parse("none,rank_server,task_seconds")):
+        assert layers.from_described(acc.describe()) == acc
