@@ -18,7 +18,8 @@ from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
 from harness.launch.launch import SAFE_ENV, TORCHRUN, Launch, LaunchSettings
 from harness.launch.launch_dir import stager_worlds
-from harness.launch.placement import launch_env, launches_per_slice, place
+from harness.launch.placement import (case_backend, launch_env, launches_per_slice, place,
+                                      pool_shares)
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 from harness.speed import layers
 from harness.speed.lane_choice import extra_lanes
@@ -26,6 +27,7 @@ from harness.speed.lane_choice import extra_lanes
 __all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
 
 STOP_JOIN_S = 60.0  # bounded wait for GPU-slot threads after a stop
+MAX_RANKS = 0  # --max-ranks default: rank processes of all launches at once on a GPU host
 
 
 class Launcher:
@@ -36,7 +38,8 @@ class Launcher:
                  startup_timeout_s=180.0, env: dict | None = None, python: str = sys.executable,
                  gpus: list[str] | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
                  node_launcher: list[str] | None = None, launches_per_gpu: int = 1,
-                 lane_per_module: bool = False, gpu_share: str = "auto", rank_server=None):
+                 lane_per_module: bool = False, gpu_share: str = "auto", rank_server=None,
+                 max_ranks: int = 0):
         self.root = Path(root)
         self.backend, self.device = backend, device
         self.gpus = list(gpus or [])  # visible GPU ids (respecting CUDA_VISIBLE_DEVICES)
@@ -46,6 +49,9 @@ class Launcher:
         self.lane_per_module = lane_per_module  # or one per module (launches_per_slice)
         self.modules: dict[int, set] = {}  # world size -> the modules of its cases (expect)
         self.extra: dict[int, int] = {}  # world size -> lanes beyond one a module (expect)
+        self.share: dict[tuple, float] = {}  # (world, pg) -> its share of the world's tasks
+        # every world's lanes times this, where they would start more than max_ranks ranks
+        self.max_ranks, self.scale = max_ranks, 1.0
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         # Multi-node: `nnodes` torchrun agents meet at a c10d rendezvous, started by one
         # `node_launcher` command (["srun", ...]) or on this host (simulated nodes, in CI).
@@ -79,9 +85,16 @@ class Launcher:
         self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
             self.modules.setdefault(w, set()).add(c.ax.get("module"))
+        if self.device == "cuda" and "pool_lanes" in self.speed:
+            self.share = pool_shares(tasks, lambda c: case_backend(c, self))
         if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
             self.extra = extra_lanes(tasks, seconds, lambda w: len(self.slots(w)),
                                      len(os.sched_getaffinity(0)))
+        if self.device == "cuda" and self.max_ranks:
+            self.scale = 1.0
+            pools = {(t.world_size, case_backend(t.case, self)) for t in tasks}
+            ranks = sum(len(self.slots(w, pg)) * w for w, pg in pools)
+            self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
 
     def stop(self) -> None:
         """Make every running launch end now (its processes killed) and no new one start."""
@@ -102,6 +115,7 @@ class Launcher:
         modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
         n = launches_per_slice(p, self.launches_per_gpu, modules, self.extra.get(world_size, 0),
                                per_gpu_world=world_size if "lanes_per_gpu" in self.speed else 0)
+        n = max(1, round(n * self.scale * self.share.get((world_size, pg_backend), 1.0)))
         return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
                 for _ in range(n) for sl in p.slices]
 

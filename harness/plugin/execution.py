@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.launch import interrupt, rank_server, scratch
 from harness.launch.launch import run_env
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import MAX_RANKS, Launcher
 from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
 from harness.plugin import options
@@ -43,7 +43,8 @@ def accelerations(hs) -> layers.Accelerations:
     if rank_start(hs) != "fork":
         acc = acc.without("rank_server", "stager_fork")
     if hs.device != "cuda":
-        acc = acc.without("stager_prestart", "lane_per_module", "lanes_per_gpu", "cpu_priority")
+        acc = acc.without("stager_prestart", "lane_per_module", "lanes_per_gpu", "pool_lanes",
+                          "cpu_priority")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
     if getattr(hs.config, "cache", None) is None:
@@ -130,7 +131,8 @@ class Execution:
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
             lane_per_module="lane_per_module" in acc,
-            gpu_share=opt("gpu_share"), rank_server=hs.rank_server, env=acc.env())
+            gpu_share=opt("gpu_share"), rank_server=hs.rank_server, env=acc.env(),
+            max_ranks=MAX_RANKS if opt("max_ranks") is None else opt("max_ranks"))
         ex.launcher.on_record.append(hs.record.on_launch)
         ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")

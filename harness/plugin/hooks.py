@@ -63,6 +63,10 @@ def pytest_addoption(parser):
                 help="on cuda, run N launches at once on each GPU slice (the cases are small; "
                      "default 4, or one per module of a world size's cases where more); "
                      "1 = one launch per GPU slice")
+    g.addoption("--max-ranks", type=int, default=None, metavar="N",
+                help="on cuda, at most about N rank processes of all launches at once on the "
+                     "host: every world size's lanes scaled down to fit (default "
+                     "MAX_RANKS, launch/launcher.py; 0 = no bound)")
     g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
                 help="fork: every launch's agent and ranks fork from one process of the run "
                      "that imported torch, the worker and the backend while pytest collected "

@@ -72,6 +72,8 @@ def validate(config) -> None:
     _positive_int(config, "world_size", "--world-size")
     _positive_int(config, "nnodes", "--nnodes", MAX_NODES)
     _positive_int(config, "launches_per_gpu", "--launches-per-gpu", 16)
+    if (config.getoption("max_ranks") or 0) < 0:
+        _fail(f"--max-ranks {config.getoption('max_ranks')}: expected 0 (no bound) or more")
     check_accelerations(config)
     reg = config.getoption("xfail_registry")
     if reg is not None and not Path(reg).is_file():  # a typo must not turn the xfails off

@@ -58,6 +58,9 @@ LAYERS = (
     Layer("lanes_per_gpu", "on GPU, a slice of g GPUs takes g times the launches one GPU takes "
           "of a world size (ranks per GPU and per core as on one GPU); plain: one GPU's count "
           "whatever the slice's GPUs", "launch/placement.py (launches_per_slice)", "CPU runs"),
+    Layer("pool_lanes", "on GPU, a world size whose tasks run on NCCL and gloo splits its lanes "
+          "between the two by their tasks; plain: each takes the world's count",
+          "launch/placement.py (pool_shares)", "CPU runs"),
     Layer("cpu_priority", "on GPU, ranks of smaller worlds run at a lower CPU priority; plain: "
           "the host's default", "launch/placement.py (cpu_priority)", "CPU runs"),
     Layer("reference_cache", "the FP32 reference and one-rank twin computed once per run for "
