@@ -27,7 +27,10 @@ from harness.speed.lane_choice import extra_lanes
 __all__ = ["Launcher", "Launch", "LaunchRecord", "Task", "TaskResult", "SAFE_ENV", "STOP_JOIN_S"]
 
 STOP_JOIN_S = 60.0  # bounded wait for GPU-slot threads after a stop
-MAX_RANKS = 0  # --max-ranks default: rank processes of all launches at once on a GPU host
+# --max-ranks default: rank processes of all launches at once on a GPU host. Every task slows
+# down as a host runs more (its CUDA contexts start one after another, host-wide): the whole
+# TE matrix on 2 H200s took 72.6-74.1 s with 42, 86.7-88.0 s with 62 and 150 s with 100
+MAX_RANKS = 42
 
 
 class Launcher:

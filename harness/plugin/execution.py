@@ -85,7 +85,8 @@ def execution_meta(hs, launches: list[dict]) -> dict:
     return {"rank_start": rank_start_recorded(hs, launches),
             "accelerations": accelerations(hs).describe(),
             "task_seconds_known": ex.seconds_known if ex is not None else None,
-            "tasks": ex.task_records() if ex is not None else []}
+            "tasks": ex.task_records() if ex is not None else [],
+            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None}
 
 
 def rank_server_for(hs) -> RankServer | None:

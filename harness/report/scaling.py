@@ -3,9 +3,9 @@ from one run's task seconds -- a figure to check on paper and to plan hosts that
 
 A run's tasks fall into *pools*, one per (world size, process-group backend): the scheduler
 runs each pool in its own lanes (launch/scheduler.py), the pools at once. On G GPUs a pool of
-world w runs on ``L(w, G)`` lanes, the launcher's own count (launch/placement.py: NCCL where w
-GPUs are free, else shared over gloo; with ``lanes_per_gpu`` one GPU's launches times the GPUs
-of a slice). The model::
+world w runs on ``L(w, G)`` lanes, the count a launcher of that host gives it for the run's
+tasks (launch/launcher.py, placement.py: NCCL where w GPUs are free, else shared over gloo;
+lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model::
 
     wall(G) = session + start + max over pools of  W / L(w, G)
 
@@ -14,8 +14,9 @@ of a slice). The model::
   median over the run's launches -- the lanes start at once;
 * ``session``: pytest's own time before the first launch and after the last one.
 
-It assumes what the placement is built for: every GPU (and its 16 cores on the lent hosts)
-holds as many ranks on every host, so a task takes the seconds it took in the run. It does not
+It assumes a task takes the seconds it took in the run: true where the host runs as many rank
+processes at once (the bound ``--max-ranks``: above it every task slows down, docs/
+performance.md), not where the run's host had fewer. It does not
 know that a task moves from shared gloo to NCCL (a 2-rank case on one GPU vs two): such pools
 are named (``backend_changes``). ``W / L`` is perfect balance: the longest task, a module's
 first use in a new lane, and the scheduler's order all add to it.
@@ -24,8 +25,10 @@ first use in a new lane, and the scheduler's order all add to it.
 from __future__ import annotations
 
 from statistics import median
+from types import SimpleNamespace
 
-from harness.launch.placement import describe, launches_per_slice, place
+from harness.launch.launcher import Launcher
+from harness.launch.placement import describe
 from harness.launch.tasks import START_PHASES
 from harness.speed import layers
 
@@ -33,15 +36,22 @@ GPU_COUNTS = (1, 2, 4, 8)
 LAUNCHES_PER_GPU = 4  # plugin/execution.py's default
 
 
-def lanes(world: int, gpus: int, modules: int, per_gpu: bool = True) -> int:
-    """Lanes of a pool of ``world`` on ``gpus`` GPUs, as the launcher counts them
-    (``Launcher.slots``: the same for NCCL and gloo pools of a world) where the world's cases
-    use ``modules`` modules."""
-    p = place(world, [str(i) for i in range(gpus)], "auto")
-    if p is None:
-        return 0
-    return len(p.slices) * launches_per_slice(p, LAUNCHES_PER_GPU, modules, 0,
-                                              world if per_gpu else 0)
+def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations,
+                 max_ranks: int) -> Launcher:
+    """A launcher of a host of ``gpus`` GPUs that expects the run's ``tasks``: its
+    ``slots(world, pg)`` are the lanes that host starts (no process is started)."""
+    cases = {}
+    for t in tasks:  # the fields the launcher's lane counts read of a case and a task
+        key = t["name"].rsplit(".", 1)[0]
+        cases.setdefault(key, SimpleNamespace(key=key, world_sizes=tuple(t["worlds"]),
+                                              ax={"module": t["module"]}))
+    shims = [SimpleNamespace(world_size=t["world"], case=cases[t["name"].rsplit(".", 1)[0]])
+             for t in tasks]
+    launcher = Launcher("/nonexistent", "te", "cuda", gpus=[str(i) for i in range(gpus)],
+                        launches_per_gpu=LAUNCHES_PER_GPU, env=acc.without("stager_prestart")
+                        .env(), lane_per_module="lane_per_module" in acc, max_ranks=max_ranks)
+    launcher.expect(list(cases.values()), shims)
+    return launcher
 
 
 def pools(tasks: list[dict], gpus: int) -> dict[tuple, dict]:
@@ -57,15 +67,6 @@ def pools(tasks: list[dict], gpus: int) -> dict[tuple, dict]:
     return out
 
 
-def modules_by_world(tasks: list[dict]) -> dict[int, int]:
-    """World size -> the modules of the cases with a phase on it (``Launcher.expect``)."""
-    out: dict[int, set] = {}
-    for t in tasks:
-        for w in t["worlds"]:
-            out.setdefault(w, set()).add(t["module"])
-    return {w: len(m) for w, m in out.items()}
-
-
 def start_s(launches: list[dict]) -> float:
     """A launch's start: the median over the run's launches that ran a task."""
     starts = [sum(rec["phases"].get(p, 0.0) for p in START_PHASES)
@@ -74,13 +75,14 @@ def start_s(launches: list[dict]) -> float:
 
 
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
-            per_gpu: bool = True) -> dict:
+            acc: layers.Accelerations = layers.ALL, max_ranks: int = 0) -> dict:
     """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it."""
-    start, modules, work = start_s(launches), modules_by_world(tasks), {}
+    launcher, work = launcher_for(tasks, gpus, acc, max_ranks), {}
     for (world, pg), pool in pools(tasks, gpus).items():
-        n = lanes(world, gpus, modules.get(world, 1), per_gpu)
+        n = len(launcher.slots(world, pg))
         work[f"{world}/{pg}"] = dict(seconds=round(pool["seconds"], 2), lanes=n,
                                      per_lane_s=round(pool["seconds"] / max(n, 1), 2))
+    start = start_s(launches)
     bound = max(work, key=lambda k: work[k]["per_lane_s"]) if work else ""
     wall = session_s + start + (work[bound]["per_lane_s"] if bound else 0.0)
     return dict(gpus=gpus, wall_s=round(wall, 1), session_s=round(session_s, 1),
@@ -94,12 +96,12 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     tasks = meta.get("tasks") or []
     if not tasks or not measured_gpus:
         return None
-    per_gpu = "lanes_per_gpu" in layers.from_described(meta.get("accelerations") or "all")
+    acc = layers.from_described(meta.get("accelerations") or "all")
     sess = sum(session.values()) if session else 0.0
     ran = {str(t["world"]) + "/" + t["pg"] for t in tasks}
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
-           "predicted": [predict(tasks, meta.get("launches", []), sess, g, per_gpu)
-                         for g in GPU_COUNTS]}
+           "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc,
+                                 meta.get("max_ranks") or 0) for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - ran)
     return out

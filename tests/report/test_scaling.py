@@ -60,17 +60,27 @@ def test_a_case_that_shares_in_one_phase_keeps_its_other_phase_on_gloo():
 
 
 @pytest.mark.parametrize("gpus", scaling.GPU_COUNTS)
-def test_the_model_counts_the_lanes_the_launcher_starts(gpus):
-    """The model's lanes are the launcher's (Launcher.slots) for the TE matrix on every GPU
-    count: a change to the placement changes both."""
+@pytest.mark.parametrize("max_ranks", [0, 42])
+def test_the_model_counts_the_lanes_the_launcher_starts(gpus, max_ranks):
+    """The model's lanes, from the run's task records alone, are those a launcher of the host
+    starts for the real cases (Launcher.slots) for the TE matrix on every GPU count, with and
+    without a bound on the host's ranks."""
+    from harness.launch.placement import case_backend
+    from harness.launch.task_graph import TaskGraph
     cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
     launcher = Launcher("/nonexistent", "te", "cuda", gpus=[str(i) for i in range(gpus)],
-                        launches_per_gpu=scaling.LAUNCHES_PER_GPU, lane_per_module=True)
-    launcher.expect(cases)
-    tasks = [_task(w, c.world_sizes, c.ax["module"], 1.0) for c in cases for w in c.world_sizes]
-    modules = scaling.modules_by_world(tasks)
-    for world in {w for c in cases for w in c.world_sizes}:
-        assert scaling.lanes(world, gpus, modules[world]) == len(launcher.slots(world))
+                        launches_per_gpu=scaling.LAUNCHES_PER_GPU, lane_per_module=True,
+                        max_ranks=max_ranks)
+    graph = TaskGraph(cases, "/nonexistent", lambda c: "all", lambda c: case_backend(c, launcher))
+    launcher.expect(cases, graph.all)
+    tasks = [dict(name=t.name, world=t.world_size, worlds=list(t.case.world_sizes),
+                  module=t.case.ax["module"], pg=graph.key(t)[2], seconds=1.0) for t in graph.all]
+    model = scaling.launcher_for(tasks, gpus, layers.ALL, max_ranks)
+    pools = {graph.key(t)[1:] for t in graph.all}
+    got = {p: len(model.slots(*p)) for p in pools}
+    assert got == {p: len(launcher.slots(*p)) for p in pools}
+    if max_ranks:
+        assert sum(n * w for (w, _), n in got.items()) <= max_ranks + 4  # rounding
 
 
 def test_a_run_s_described_layers_read_back():
