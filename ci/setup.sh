@@ -5,7 +5,9 @@
 # the same constraints; if uv cannot be installed or fails, pip installs as it always did. Both
 # compile every installed module's bytecode at install time (uv --compile-bytecode; pip does by
 # default): every process of a run imports torch, and where PYTHONDONTWRITEBYTECODE is set (as
-# on the CI VM) an install without bytecode recompiles torch in each of them.
+# on the CI VM) an install without bytecode recompiles torch in each of them. (The harness's
+# bytecode_cache acceleration keeps such bytecode in a cache of its own, harness/speed/
+# bytecode_cache.py, but stands aside where torch has its bytecode: a cache prefix would hide it.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

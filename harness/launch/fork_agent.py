@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from harness.speed import bytecode_cache
 from harness.worker import stager_fork, tether
 
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "torch.distributed.checkpoint",
@@ -89,6 +90,7 @@ def preload_from_env() -> None:
     """The server's preload (``server_preload.py``): tethered to pytest, then the imports; a
     failure is kept in ``ERROR`` (the server must keep serving: its agents start fresh ranks)."""
     global SERVER_PID, ERROR
+    bytecode_cache.follow()  # started with pytest's -B: its imports write the harness's cache
     SERVER_PID = os.getpid()
     parent = os.environ.get(PARENT_VAR)
     tether.tether(int(parent) if parent else None)

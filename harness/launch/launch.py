@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.launch import ending, launch_dir, procs, scratch
-from harness.speed import inductor_cache, layers
+from harness.speed import bytecode_cache, inductor_cache, layers
 from harness.launch.interrupt import Interrupted, deferred
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
@@ -203,7 +203,7 @@ def popen_agent(argv: list[str], env: dict, out, cwd: Path) -> subprocess.Popen:
 
 def run_env(device: str, extra_env: dict) -> dict:
     """What every launch's environment holds (the rank server's too): ours, the caller's, the
-    safe settings, the harness on the path and the ranks' compile caches."""
+    safe settings, the harness on the path and the compile caches (Inductor's, bytecode)."""
     full = {**MALLOC_ENV, **os.environ, **extra_env, **SAFE_ENV,
             **(CUDA_ENV if device == "cuda" else {})}
     repo = str(Path(__file__).resolve().parents[2])
@@ -213,7 +213,7 @@ def run_env(device: str, extra_env: dict) -> dict:
         p for p in (repo, os.getcwd(), full.get("PYTHONPATH")) if p)
     if "inductor_cache" in layers.from_env(full):
         full.update(inductor_cache.worker_env(full, extra_env))
-    return full
+    return bytecode_cache.launch_env(full)  # where the layer is on and applies
 
 
 def scratch_parent() -> str:

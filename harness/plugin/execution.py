@@ -16,7 +16,7 @@ from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
 from harness.plugin import options
 from harness.spec.matrix import Case
-from harness.speed import layers, task_seconds
+from harness.speed import bytecode_cache, layers, task_seconds
 
 
 def scope_of(case: Case) -> str:
@@ -79,11 +79,13 @@ def rank_start_recorded(hs, launches: list[dict]) -> str:
 
 def execution_meta(hs, launches: list[dict]) -> dict:
     """The run meta's account of how it ran: its ranks' start (:func:`rank_start_recorded`),
-    its acceleration layers (:func:`accelerations`) and how many of its tasks had the last
-    run's seconds to be scheduled by (task_seconds.py)."""
-    ex = hs.execution
+    its acceleration layers (:func:`accelerations`), where its processes kept their bytecode
+    (speed/bytecode_cache.py) and how many of its tasks had the last run's seconds to be
+    scheduled by (task_seconds.py)."""
+    ex, acc = hs.execution, accelerations(hs)
     return {"rank_start": rank_start_recorded(hs, launches),
-            "accelerations": accelerations(hs).describe(),
+            "accelerations": acc.describe(),
+            "bytecode": bytecode_cache.describe(run_env(hs.device, acc.env())),
             "task_seconds_known": ex.seconds_known if ex is not None else None,
             "tasks": ex.task_records() if ex is not None else [],
             "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None}

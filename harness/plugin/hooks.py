@@ -21,7 +21,7 @@ from harness.plugin.items import STASH, CaseItem, ScenarioFile
 from harness.plugin.session import HarnessSession
 from harness.spec import catalog
 from harness.spec.scenario import ScenarioError
-from harness.speed import gc_pause
+from harness.speed import bytecode_cache, gc_pause
 from harness.verdict import registry
 from harness.verdict.judge import XPASSED
 
@@ -103,6 +103,8 @@ def pytest_configure(config):
     if not names:
         return
     options.validate(config)  # one-line UsageErrors, before anything runs
+    if "bytecode_cache" in execution.chosen(config):  # before the backend imports torch
+        bytecode_cache.apply()
     if "gc_pause" in execution.chosen(config):  # until the collection is done (session.py)
         gc_pause.pause()
     try:
@@ -132,6 +134,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     gc_pause.settle()  # where the run ended before its collection did
+    bytecode_cache.undo()
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)

@@ -171,7 +171,7 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
         device=meta.get("device"), gpu_name=meta.get("gpu_name"), torch=meta.get("torch_version"),
         te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"),
         rank_start=meta.get("rank_start"), task_seconds_known=meta.get("task_seconds_known"),
-        accelerations=meta.get("accelerations"),
+        accelerations=meta.get("accelerations"), bytecode=meta.get("bytecode"),
         scaling=scaling.model(meta, session, wall, gpus))
 
 

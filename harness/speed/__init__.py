@@ -9,7 +9,7 @@ outcome is the same (tests/test_accelerations.py). ``layers.LAYERS`` lists each 
 it does, where its code is, what else turns it off; docs/performance.md what each gained.
 
 The layers whose code needs nothing above this stage live here (``gc_pause``,
-``inductor_cache``, ``task_seconds``, ``lane_choice``, ``reference_cache``); those that start
-or fork processes stay with the process code they extend (the rank server in launch/, the
-forked stager in worker/) and ask the seam.
+``inductor_cache``, ``bytecode_cache``, ``task_seconds``, ``lane_choice``, ``reference_cache``);
+those that start or fork processes stay with the process code they extend (the rank server in
+launch/, the forked stager in worker/) and ask the seam.
 """

@@ -45,6 +45,14 @@ LAYERS = (
     Layer("inductor_cache", "the ranks' TorchInductor caches outlive their launch, one compile "
           "thread; plain: Inductor's defaults in the launch's own temporary directory",
           "speed/inductor_cache.py"),
+    Layer("bytecode_cache", "where Python may not write bytecode and torch has none beside "
+          "its sources, pytest and every process it starts keep bytecode in a cache of the "
+          "harness's own (sys.pycache_prefix, PYTHONPYCACHEPREFIX); plain: Python's way, each "
+          "process compiling from source what it imports",
+          "speed/bytecode_cache.py (launch_env: launch/launch.py run_env), plugin/hooks.py "
+          "(configure), launch/fork_agent.py (the rank server's preload)",
+          "does nothing (the run's meta: bytecode) where the user set a cache prefix, Python "
+          "may write bytecode, torch has its bytecode or the cache cannot be made"),
     Layer("task_seconds", "the scheduler weighs tasks by the seconds they took in the last run "
           "(pytest's cache); plain: every task weighs the same", "speed/task_seconds.py",
           "-p no:cacheprovider"),
