@@ -7,6 +7,7 @@
     python -m harness calibrate [--run] [--history DIR]         # measured errors -> tolerances
     python -m harness bench --label NAME -- PYTEST_ARGS        # where the time goes
     python -m harness rejudge --history DIR [--registry FILE]   # recorded runs vs the registry now
+    python -m harness compare --a DIR_OR_PARQUET --b DIR_OR_PARQUET  # two runs, case by case
 
 Scenarios themselves run under pytest: ``pytest --scenario NAME``. To add a subcommand, put its
 logic under ``harness/`` and append a :class:`Command` to ``COMMANDS`` (the one list).
@@ -28,7 +29,7 @@ from typing import Callable
 from pathlib import Path
 
 from harness.calibration import command as calibration_command
-from harness.report import bench, cli, outfile, rejudge
+from harness.report import bench, cli, compare, outfile, rejudge
 from harness.report.history import HistoryError
 from harness.spec.base import ScenarioError
 from harness.verdict.registry import RegistryError
@@ -77,6 +78,9 @@ COMMANDS: list[Command] = [
     Command("rejudge", "judge recorded runs again against the xfail registry as it is "
                 "now: which verdicts an edit changes, and the margin of every sized failure",
                 rejudge.add_arguments, rejudge.run),
+    Command("compare", "compare two recorded runs case by case (e.g. 2 GPUs over nccl vs "
+                "one GPU shared over gloo): outcome, xfail entry, skip reason; exit 1 when "
+                "some case differs", compare.add_arguments, compare.run, out_file=True),
 ]
 
 
