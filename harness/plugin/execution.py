@@ -11,7 +11,8 @@ from pathlib import Path
 
 from harness.launch import interrupt, rank_server, scratch
 from harness.launch.launch import run_env
-from harness.launch.launcher import MAX_RANKS, Launcher
+from harness.launch.lanes import MAX_RANKS
+from harness.launch.launcher import Launcher
 from harness.launch.rank_server import RankServer
 from harness.launch.scheduler import Scheduler
 from harness.plugin import options

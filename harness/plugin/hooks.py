@@ -66,7 +66,7 @@ def pytest_addoption(parser):
     g.addoption("--max-ranks", type=int, default=None, metavar="N",
                 help="on cuda, at most about N rank processes of all launches at once on the "
                      "host: every world size's lanes scaled down to fit (default "
-                     "MAX_RANKS, launch/launcher.py; 0 = no bound)")
+                     "MAX_RANKS, launch/lanes.py; 0 = no bound)")
     g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
                 help="fork: every launch's agent and ranks fork from one process of the run "
                      "that imported torch, the worker and the backend while pytest collected "

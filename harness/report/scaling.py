@@ -7,16 +7,19 @@ world w runs on ``L(w, G)`` lanes, the count a launcher of that host gives it fo
 tasks (launch/launcher.py, placement.py: NCCL where w GPUs are free, else shared over gloo;
 lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model::
 
-    wall(G) = session + start + max over pools of  W / L(w, G)
+    wall(G) = session + start + max over pools of  W * load / L(w, G)
 
 * ``W``: the pool's task seconds summed (each task's seconds in the run, its first rank's);
+* ``load``: the rank processes a GPU holds on the predicted host over the run's host's (a
+  task's seconds grow with them);
 * ``start``: a launch's start (process, imports, CUDA context, process groups, backend), the
   median over the run's launches -- the lanes start at once;
 * ``session``: pytest's own time before the first launch and after the last one.
 
-It assumes a task takes the seconds it took in the run: true where the host runs as many rank
-processes at once (the bound ``--max-ranks``: above it every task slows down, docs/
-performance.md), not where the run's host had fewer. It does not
+It assumes a task's seconds follow the ranks on its GPU alone; ranks over the whole host cost
+too (their CUDA contexts start one after another), and where they differ much from the run's
+the prediction misses: docs/performance.md ("More GPUs") checks it against measured hosts. It
+does not
 know that a task moves from shared gloo to NCCL (a 2-rank case on one GPU vs two): such pools
 are named (``backend_changes``). ``W / L`` is perfect balance: the longest task, a module's
 first use in a new lane, and the scheduler's order all add to it.
@@ -74,19 +77,32 @@ def start_s(launches: list[dict]) -> float:
     return median(starts) if starts else 0.0
 
 
+def ranks_per_gpu(launcher: Launcher, tasks: list[dict], gpus: int) -> float:
+    """Rank processes a GPU of the host holds while every lane runs."""
+    pools = {(t["world"], describe(t["worlds"], launcher.gpus, "auto")[0]) for t in tasks}
+    return sum(len(launcher.slots(w, pg)) * w for w, pg in pools) / gpus
+
+
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
-            acc: layers.Accelerations = layers.ALL, max_ranks: int = 0) -> dict:
-    """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it."""
+            acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
+            run_gpus: int = 0) -> dict:
+    """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. Where the
+    run's host had ``run_gpus`` GPUs, its task seconds are scaled by the ranks a GPU holds on
+    the predicted host against the run's (a task took 1.84x as long where a GPU held twice the
+    ranks: docs/performance.md)."""
     launcher, work = launcher_for(tasks, gpus, acc, max_ranks), {}
+    load = ranks_per_gpu(launcher, tasks, gpus) / ranks_per_gpu(
+        launcher_for(tasks, run_gpus, acc, max_ranks), tasks, run_gpus) if run_gpus else 1.0
     for (world, pg), pool in pools(tasks, gpus).items():
         n = len(launcher.slots(world, pg))
-        work[f"{world}/{pg}"] = dict(seconds=round(pool["seconds"], 2), lanes=n,
-                                     per_lane_s=round(pool["seconds"] / max(n, 1), 2))
+        seconds = pool["seconds"] * load
+        work[f"{world}/{pg}"] = dict(seconds=round(seconds, 2), lanes=n,
+                                     per_lane_s=round(seconds / max(n, 1), 2))
     start = start_s(launches)
     bound = max(work, key=lambda k: work[k]["per_lane_s"]) if work else ""
     wall = session_s + start + (work[bound]["per_lane_s"] if bound else 0.0)
     return dict(gpus=gpus, wall_s=round(wall, 1), session_s=round(session_s, 1),
-                start_s=round(start, 1), bound_by=bound, pools=work)
+                start_s=round(start, 1), bound_by=bound, load=round(load, 2), pools=work)
 
 
 def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -> dict | None:
@@ -101,7 +117,8 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     ran = {str(t["world"]) + "/" + t["pg"] for t in tasks}
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc,
-                                 meta.get("max_ranks") or 0) for g in GPU_COUNTS]}
+                                 meta.get("max_ranks") or 0, measured_gpus)
+                         for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - ran)
     return out
@@ -118,5 +135,6 @@ def render(m: dict) -> list[str]:
             if p["backend_changes"] else ""
         lines.append(f"    {p['gpus']} GPU(s): {p['wall_s']:6.1f} s = {p['session_s']} + "
                      f"{p['start_s']} + {p['bound_by']} {p['pools'][p['bound_by']]['seconds']} s"
-                     f" / {p['pools'][p['bound_by']]['lanes']} lanes{mark}{changes}")
+                     f" / {p['pools'][p['bound_by']]['lanes']} lanes (load x{p['load']})"
+                     f"{mark}{changes}")
     return lines

@@ -40,7 +40,8 @@ def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
     assert two["wall_s"] == 5.0 + 3.0 + 5.0 and two["backend_changes"] == ["2/nccl"]
     assert four["pools"]["8/gloo"]["lanes"] == 8 and four["wall_s"] == 5.0 + 3.0 + 2.5
     text = "\n".join(scaling.render(m))
-    assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 20.0 s / 2 lanes   measured 16.0 s" in text
+    assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 20.0 s / 2 lanes (load x1.0)   measured 16.0 s" \
+        in text
     assert "NCCL/gloo differ from the run: 2/nccl" in text
     # without lanes_per_gpu a slice of 2 GPUs took one GPU's lanes: the 2-rank pool 5
     plain = scaling.model({**meta, "accelerations": "all but lanes_per_gpu"}, {}, 16.0, 1)
@@ -87,3 +88,17 @@ def test_a_run_s_described_layers_read_back():
     for acc in (layers.ALL, layers.PLAIN, layers.parse("all,-lanes_per_gpu"),
                 layers.parse("none,rank_server,task_seconds")):
         assert layers.from_described(acc.describe()) == acc
+
+
+def test_a_host_whose_gpus_hold_fewer_ranks_runs_each_task_faster():
+    """Bounded to 16 ranks, the 8-rank cases take the same 2 lanes on 1 and 2 GPUs, but a GPU of
+    the 2-GPU host holds half the ranks: the model halves their seconds (one H200 with 42 ranks
+    took 1.56 s a task, two with 21 each 0.85 s)."""
+    tasks = [_task(8, (8,), m, 4.0) for m in MODULES]
+    meta = dict(tasks=tasks, launches=[_launch(1.0)], accelerations="all", max_ranks=16)
+    one, two = scaling.model(meta, {}, 11.0, 1)["predicted"][:2]
+    assert one["load"] == 1.0 and one["pools"]["8/gloo"] == dict(seconds=20.0, lanes=2,
+                                                                per_lane_s=10.0)
+    assert two["load"] == 0.5 and two["pools"]["8/gloo"] == dict(seconds=10.0, lanes=2,
+                                                                per_lane_s=5.0)
+    assert two["wall_s"] == 1.0 + 5.0
