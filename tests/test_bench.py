@@ -190,5 +190,8 @@ def test_a_run_rooted_in_its_report_dir_says_so(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stdout + p.stderr
         return p.stdout
-    assert f"give it as --report-dir={rep}" in header("--report-dir", str(rep))
+    # pytest roots the run in DIR where no ini file sits above it (an ini file in a parent of
+    # the test's temporary directory moves the root there: --rootdir states it)
+    assert f"give it as --report-dir={rep}" in header("--report-dir", str(rep), "--rootdir",
+                                                      str(rep))
     assert "give it as" not in header(f"--report-dir={rep}")
