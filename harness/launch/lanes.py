@@ -46,16 +46,20 @@ class Lanes:
         self.largest_world = max([self.largest_world] + [w for c in cases for w in c.world_sizes])
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
             self.modules.setdefault(w, set()).add(c.ax.get("module"))
+        pools = [(t.world_size, case_backend(t.case, self)) for t in tasks]  # (world, pg)
         if self.device == "cuda" and "pool_lanes" in self.speed:
-            self.share = pool_shares(tasks, lambda c: case_backend(c, self))
+            self.share = pool_shares(pools)
         if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
             self.extra = extra_lanes(tasks, seconds, lambda w: len(self.slots(w)),
                                      len(os.sched_getaffinity(0)))
         if self.device == "cuda" and self.max_ranks:
             self.scale = 1.0
-            pools = {(t.world_size, case_backend(t.case, self)) for t in tasks}
-            ranks = sum(len(self.slots(w, pg)) * w for w, pg in pools)
+            ranks = self.ranks(set(pools))
             self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
+
+    def ranks(self, pools) -> int:
+        """Rank processes the lanes of ``pools`` ((world, pg) pairs) run at once."""
+        return sum(len(self.slots(w, pg)) * w for w, pg in pools)
 
     def slots(self, world_size: int, pg_backend: str = "") -> list[dict]:
         """The launch environments of a world size for cases on ``pg_backend`` (``placement``):

@@ -132,14 +132,14 @@ def launch_env(p: Placement, world_size: int, largest: int, pg_backend: str = ""
     return {**env, NICE_VAR: str(nice)} if nice else env
 
 
-def pool_shares(tasks, backend_of) -> dict[tuple, float]:
-    """(world size, process-group backend) -> its share of the world's ``tasks``, where a world's
-    tasks run on two backends (``backend_of(case)``): on 2 GPUs the 2-rank phases of cases that
-    share a GPU in another phase run gloo beside the NCCL 2-rank cases, and each pool took the
-    world's whole lane count (the gloo pool's 8 lanes had 66 tasks of 376, and waited)."""
+def pool_shares(pools) -> dict[tuple, float]:
+    """(world size, process-group backend) -> its share of the world's tasks, from ``pools``
+    (each task's (world size, backend)), where a world's tasks run on two backends: on 2 GPUs
+    the 2-rank phases of cases that share a GPU in another phase run gloo beside the NCCL
+    2-rank cases, and each pool took the world's whole lane count (the gloo pool's 8 lanes had
+    66 tasks of 376, and waited)."""
     counts: dict[tuple, int] = {}
-    for t in tasks:
-        key = (t.world_size, backend_of(t.case))
+    for key in pools:
         counts[key] = counts.get(key, 0) + 1
     worlds: dict[int, int] = {}
     for (w, _), n in counts.items():

@@ -77,23 +77,22 @@ def start_s(launches: list[dict]) -> float:
     return median(starts) if starts else 0.0
 
 
-def ranks_per_gpu(launcher: Launcher, tasks: list[dict], gpus: int) -> float:
-    """Rank processes a GPU of the host holds while every lane runs."""
-    pools = {(t["world"], describe(t["worlds"], launcher.gpus, "auto")[0]) for t in tasks}
-    return sum(len(launcher.slots(w, pg)) * w for w, pg in pools) / gpus
+def ranks_per_gpu(tasks: list[dict], gpus: int, acc: layers.Accelerations,
+                  max_ranks: int) -> float:
+    """Rank processes a GPU of a host of ``gpus`` GPUs holds while every lane runs."""
+    return launcher_for(tasks, gpus, acc, max_ranks).ranks(pools(tasks, gpus)) / gpus
 
 
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
-            run_gpus: int = 0) -> dict:
+            run_ranks_per_gpu: float = 0.0) -> dict:
     """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. Where the
-    run's host had ``run_gpus`` GPUs, its task seconds are scaled by the ranks a GPU holds on
-    the predicted host against the run's (a task took 1.84x as long where a GPU held twice the
-    ranks: docs/performance.md)."""
-    launcher, work = launcher_for(tasks, gpus, acc, max_ranks), {}
-    load = ranks_per_gpu(launcher, tasks, gpus) / ranks_per_gpu(
-        launcher_for(tasks, run_gpus, acc, max_ranks), tasks, run_gpus) if run_gpus else 1.0
-    for (world, pg), pool in pools(tasks, gpus).items():
+    ranks a GPU of the run's host held are given, its task seconds are scaled by the ranks a
+    GPU holds on the predicted host against them (a task took 1.84x as long where a GPU held
+    twice the ranks: docs/performance.md)."""
+    launcher, work, by_pool = launcher_for(tasks, gpus, acc, max_ranks), {}, pools(tasks, gpus)
+    load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
+    for (world, pg), pool in by_pool.items():
         n = len(launcher.slots(world, pg))
         seconds = pool["seconds"] * load
         work[f"{world}/{pg}"] = dict(seconds=round(seconds, 2), lanes=n,
@@ -115,10 +114,11 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     acc = layers.from_described(meta.get("accelerations") or "all")
     sess = sum(session.values()) if session else 0.0
     ran = {str(t["world"]) + "/" + t["pg"] for t in tasks}
+    max_ranks = meta.get("max_ranks") or 0
+    run_load = ranks_per_gpu(tasks, measured_gpus, acc, max_ranks)
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
-           "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc,
-                                 meta.get("max_ranks") or 0, measured_gpus)
-                         for g in GPU_COUNTS]}
+           "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
+                                 run_load) for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - ran)
     return out

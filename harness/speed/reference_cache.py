@@ -99,11 +99,12 @@ def cached(cache_dir: Path, k: str, compute, ctx, ranks: tuple[int, ...] = (0,))
                 store(value, path)
         except Exception as e:  # noqa: BLE001 - every rank raises it below
             err = str(e) if isinstance(e, OSError) else repr(e)
-    errs = [None] * ctx.world_size
-    dist.all_gather_object(errs, err, group=ctx.exchange)
-    failed = next(((r, e) for r, e in enumerate(errs) if e is not None), None)
-    if failed is not None:
-        raise RuntimeError(f"the cached run failed on rank {failed[0]}: {failed[1]}")
+    if need[0]:  # every rank knows whether some computed: a cache hit makes one collective
+        errs = [None] * ctx.world_size
+        dist.all_gather_object(errs, err, group=ctx.exchange)
+        failed = next(((r, e) for r, e in enumerate(errs) if e is not None), None)
+        if failed is not None:
+            raise RuntimeError(f"the cached run failed on rank {failed[0]}: {failed[1]}")
     value = tuple(torch.load(need[1], weights_only=True))
     if plain:
         dist.barrier(group=ctx.exchange)  # every rank has read it
