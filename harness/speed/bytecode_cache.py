@@ -31,7 +31,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.speed import layers
+from harness.speed import inductor_cache, layers
 
 PREFIX_VAR, NO_WRITE_VAR = "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"
 MARK_VAR = "HARNESS_PYCACHE"  # a launch's environment: the cache this layer gave it
@@ -50,9 +50,7 @@ def plan(env, dont_write: bool, prefix: str | None, torch_bytecode: bool) -> Pat
         return None
     if not (dont_write or env.get(NO_WRITE_VAR)):
         return None
-    root = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else \
-        Path(env.get("HOME") or Path.home()) / ".cache"
-    return root / "fsdp2-harness" / "pycache"
+    return inductor_cache.cache_path(env, "pycache")  # beside the Inductor cache
 
 
 @functools.lru_cache(maxsize=None)

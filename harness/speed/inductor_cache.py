@@ -31,9 +31,17 @@ CACHE_VAR, THREADS_VAR = "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREA
 USER_SETTINGS = {v: os.environ.get(v) for v in (CACHE_VAR, THREADS_VAR)}
 
 
+def cache_path(env, name: str) -> Path:
+    """The harness's cache ``name`` for a process of environment ``env`` (not made):
+    ``$XDG_CACHE_HOME/fsdp2-harness/<name>``, else under ``$HOME/.cache``."""
+    root = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else \
+        Path(env.get("HOME") or Path.home()) / ".cache"
+    return root / "fsdp2-harness" / name
+
+
 def cache_dir(env, name: str) -> Path | None:
-    """``$XDG_CACHE_HOME/fsdp2-harness/<name>`` (made), or None where it cannot be made."""
-    root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp2-harness" / name
+    """:func:`cache_path` (made), or None where it cannot be made."""
+    root = cache_path(env, name)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError:
