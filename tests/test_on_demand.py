@@ -172,3 +172,34 @@ def test_a_registered_failure_is_never_sampled_nor_planned():
     assert on_demand.by_registry(rows, out) == 1
     got = {(r["check"], r["outcome"]) for r in rows if r["metric"] == "rel_l2"}
     assert got == {("reshard", "fail"), ("fp32_parity", "unjudged")}
+
+
+def test_a_recipe_not_reproducible_run_to_run_takes_three_times_the_variants(monkeypatch):
+    """TE DelayedScaling training is not bit-reproducible run to run (docs/findings.md): its
+    on-demand populations are measured from 3 x MIN_N seeds, a reproducible recipe's from
+    MIN_N; the plan hands the scheduler those variants, and their cache keys differ from a
+    MIN_N run's, so a cached 10-seed population is never taken for a 30-seed one."""
+    from types import SimpleNamespace
+
+    from harness.calibration.derive import MIN_N
+    from harness.plugin.on_demand import OnDemand
+    cases = expand(load_scenario(SCENARIO.parent / "te_unseen_config.yaml"), "te")
+    pick = {r: next(c for c in cases if c.recipe == r and c.target is None)
+            for r in ("delayed", "current")}
+    hs = SimpleNamespace(config=SimpleNamespace(getoption=lambda name: "on", cache=None),
+                         env=SimpleNamespace(describe=lambda: {"torch": "x"},
+                                             placement=lambda case: ("gloo", None)),
+                         device="cuda")
+    planned = {}
+    for recipe, case in pick.items():
+        od = OnDemand(hs)
+        od.measured = {}  # nothing packaged: every calibrated quantity is measured on demand
+        planned[recipe] = od.plan([(case, [])])
+        assert planned[recipe] and len({v.id for v in planned[recipe]}) == len(planned[recipe])
+    assert sorted({v.train.seed for v in planned["delayed"]}) == list(range(1, 3 * MIN_N + 1))
+    assert sorted({v.train.seed for v in planned["current"]}) == list(range(1, MIN_N + 1))
+    od = OnDemand(hs)
+    key = od._key(pick["delayed"], "gloo", frozenset())
+    assert od._key(pick["current"], "gloo", frozenset()) != key
+    monkeypatch.setattr(on_demand, "NOT_REPRODUCIBLE", frozenset())  # the MIN_N policy
+    assert od._key(pick["delayed"], "gloo", frozenset()) != key  # the seeds are in the key
