@@ -23,8 +23,9 @@ DRIFT_EPILOG = """\
 defaults and why:
   --baseline-runs 5  the median of 5 ignores up to 2 outlier runs and is a working week of
                      nightlies; a persistent step stays flagged until it is the new median
-  --growth 4.0       run-to-run noise of error metrics (non-deterministic GPU reductions) stays
-                     within ~2x; 4x (two binary orders of magnitude) is a change in numerics
+  --growth 4.0       4x (two binary orders of magnitude) is a change in numerics where a series
+                     repeats run to run; one that does not (its baseline changed twice or
+                     more: TE DelayedScaling) is judged by its group's median growth
   --fraction 0.5     still passing with 2x headroom: time to look before the nightly goes red
   --min-value 1e-12  growth from 0 to below this is rounding noise, not drift
 Baselines only use runs of the same hardware key (device, GPU model, backend); the latest run

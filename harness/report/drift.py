@@ -14,15 +14,18 @@ is flagged when
 * **fraction**: ``value >= fraction * tolerance`` while the baseline was below it -- it crossed
   into the upper part of its tolerance band, before it actually fails.
 
+Series that are not bit-reproducible run to run (a baseline that changed twice or more) are
+judged as a group instead, by the group's median growth (``drift_noise.py``).
+
 Defaults and their reasoning (also in ``docs/report.md`` and ``python -m harness drift -h``):
 
 * ``baseline_runs = 5``: the median of 5 ignores up to 2 outlier runs (a noisy GPU, a flaky
   node) and is a working week of nightlies. A persistent step change stays flagged until 3 of the
   5 baseline runs carry it, then becomes the new normal.
-* ``growth = 4.0``: run-to-run noise of an error metric (non-deterministic reductions on GPU,
-  different summation orders) stays within ~2x; 4x is two binary orders of magnitude -- a real
-  change in numerics rather than noise. CPU runs here are bitwise deterministic, so any growth is
-  real there.
+* ``growth = 4.0``: 4x is two binary orders of magnitude -- a real change in numerics rather
+  than noise where a series repeats run to run (CPU runs, and most GPU recipes, are bit for bit
+  reproducible, so any growth is real there); a series that is not (TE DelayedScaling) varies
+  by far more than that from run to run, and its group's median judges it.
 * ``fraction = 0.5``: still passing with 2x headroom, so there is time to investigate before the
   nightly goes red; tolerances are set a few times above the observed error, so healthy series
   sit well below half of theirs.
@@ -41,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.report import drift_noise
 from harness.report.history import History, file_date
 
 SERIES_KEY = ["scenario", "backend", "case_id", "check", "quantity", "metric"]
@@ -99,7 +103,8 @@ def points(rows: pd.DataFrame, cfg: DriftConfig = DriftConfig(), *,
     if df.empty:
         f, b = pd.Series(dtype=float), pd.Series(dtype=bool)
         return df.assign(base_median=f, base_n=pd.Series(dtype=int), risk=f, growth_flag=b,
-                         fraction_flag=b, flagged=b, reason=pd.Series(dtype=object))
+                         fraction_flag=b, flagged=b, reason=pd.Series(dtype=object),
+                         base_changes=pd.Series(dtype=int), noisy=b, group_growth=f)
     # one point per series and run (the largest value if a run repeats a row)
     df = df.sort_values(["run_index", "value"], kind="stable")
     df = df.drop_duplicates(GROUP_KEY + ["run_index"], keep="last")
@@ -108,6 +113,7 @@ def points(rows: pd.DataFrame, cfg: DriftConfig = DriftConfig(), *,
     g = df.groupby(GROUP_KEY, sort=False)["value"]
     lags = np.column_stack([g.shift(k).to_numpy(dtype=float) for k in range(1, n + 1)])
     df["base_n"] = np.isfinite(lags).sum(axis=1).astype(int)
+    df["base_changes"] = drift_noise.changes(lags)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: no baseline
         df["base_median"] = np.nanmedian(lags, axis=1)
@@ -117,9 +123,12 @@ def points(rows: pd.DataFrame, cfg: DriftConfig = DriftConfig(), *,
     has_base = df["base_n"] >= 1
     df["growth_flag"] = has_base & (v > cfg.min_value) & (v > cfg.growth * b) & (t > 0)
     df["fraction_flag"] = has_base & (t > 0) & (v >= cfg.fraction * t) & (b < cfg.fraction * t)
+    df = drift_noise.judge_groups(df, cfg.growth, cfg.min_value)
     df["flagged"] = df["growth_flag"] | df["fraction_flag"]
-    df["reason"] = [_reason(gf, ff, val, base, tl, cfg) for gf, ff, val, base, tl in
-                    zip(df["growth_flag"], df["fraction_flag"], v, b, t)]
+    df["reason"] = [drift_noise.reason(val / base if base > 0 else math.inf, grp) if noisy and gf else
+                    _reason(gf, ff, val, base, tl, cfg) for gf, ff, val, base, tl, noisy, grp
+                    in zip(df["growth_flag"], df["fraction_flag"], v, b, t, df["noisy"],
+                           df["group_growth"])]
     return df
 
 
