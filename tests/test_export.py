@@ -76,14 +76,17 @@ def test_the_export_takes_a_master_only_for_a_quantized_parameter():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
+    from forked import rank_server
+
     from harness.launch.launcher import Launcher
     from harness.launch.scheduler import Scheduler
     from harness.spec.matrix import expand
     from harness.spec.scenario import load_scenario
     cases = expand(load_scenario(SCENARIO), "reference")
     root = tmp_path_factory.mktemp("export")
-    with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
-                   root / "ckpt") as sched:
+    with rank_server("reference") as server, \
+            Scheduler(Launcher(root / "launches", "reference", "cpu", rank_server=server),
+                      cases, root / "ckpt") as sched:
         return {(c.recipe, c.ax["fault"]): sched.result(c) for c in cases}
 
 

@@ -6,6 +6,7 @@ factory (no launch)."""
 from pathlib import Path
 
 import pytest
+from forked import rank_server
 from subprocs import run_pytest
 
 from harness.launch.launcher import Launcher
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.integration
 def tied(tmp_path_factory):
     cases = expand(load_scenario(TEST_SCENARIOS / "negative_controls_models.yaml"), "torch")
     root = tmp_path_factory.mktemp("tied")
-    with Scheduler(Launcher(root / "launches", "torch", "cpu"), cases, root / "ckpt") as sched:
+    with rank_server("torch") as server, \
+            Scheduler(Launcher(root / "launches", "torch", "cpu", rank_server=server), cases,
+                      root / "ckpt") as sched:
         return {c.ax["fault"]: sched.result(c) for c in cases}
 
 

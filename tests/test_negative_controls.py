@@ -7,6 +7,7 @@ faults, and asserts on each case's result.
 from pathlib import Path
 
 import pytest
+from forked import rank_server
 
 from harness.launch.launcher import Launcher
 from harness.launch.scheduler import Scheduler
@@ -23,15 +24,16 @@ def outcome(tmp_path_factory):
     spec = load_scenario(TEST_SCENARIOS / "negative_controls.yaml")
     cases = expand(spec, "torch")
     root = tmp_path_factory.mktemp("neg")
-    launcher = Launcher(root / "launches", "torch", "cpu")
     # the hang and the case after it in a lane of their own: its timeout overlaps the rest
     after_hang = {"fault": "none", "dcp": "async_thread", "reshard": "none", "mesh": "dp2"}
     hang = lambda c: c.ax["fault"] == "hang" or after_hang.items() <= c.ax.items()  # noqa: E731
-    with Scheduler(launcher, cases, root / "ckpt",
-                   scope_of=lambda c: "hang" if hang(c) else "all") as sched:
-        results = {c.ax["fault"] + ":" + c.ax["reshard"] + ":" + c.ax["dcp"]
-                   + ("" if c.ax["mesh"] == "dp2" else ":" + c.ax["mesh"]): sched.result(c)
-                   for c in cases}
+    with rank_server("torch") as server:
+        launcher = Launcher(root / "launches", "torch", "cpu", rank_server=server)
+        with Scheduler(launcher, cases, root / "ckpt",
+                       scope_of=lambda c: "hang" if hang(c) else "all") as sched:
+            results = {c.ax["fault"] + ":" + c.ax["reshard"] + ":" + c.ax["dcp"]
+                       + ("" if c.ax["mesh"] == "dp2" else ":" + c.ax["mesh"]): sched.result(c)
+                       for c in cases}
     return results, launcher
 
 
@@ -126,8 +128,9 @@ def quantized(tmp_path_factory):
     spec = load_scenario(TEST_SCENARIOS / "negative_controls_reference.yaml")
     cases = expand(spec, "reference")
     root = tmp_path_factory.mktemp("negq")
-    with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
-                   root / "ckpt") as sched:
+    with rank_server("reference") as server, \
+            Scheduler(Launcher(root / "launches", "reference", "cpu", rank_server=server),
+                      cases, root / "ckpt") as sched:
         return {f'{c.ax["fault"]}:{c.ax["fixes"]}': sched.result(c) for c in cases}
 
 

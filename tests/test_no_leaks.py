@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from forked import rank_server
 from proc_sampler import Sampler
 
 from harness.launch import ending, launch, procs
@@ -213,8 +214,9 @@ def test_a_unit_raising_on_one_rank_before_the_mesh_exists_is_recorded(tmp_path)
     phase's mesh before the units: the error is recorded and the launch goes on."""
     (tmp_path / "unit_raise.yaml").write_text(RAISE_SCENARIO)
     cases = expand(load_scenario(tmp_path / "unit_raise.yaml"), "torch")
-    launcher = Launcher(tmp_path / "launches", "torch", "cpu")
-    with Scheduler(launcher, cases, tmp_path / "ckpt") as sched:
+    with rank_server("torch") as server, \
+            Scheduler(Launcher(tmp_path / "launches", "torch", "cpu", rank_server=server),
+                      cases, tmp_path / "ckpt") as sched:
         (result,) = [sched.result(c) for c in cases]
     assert result.status == "ok", (result.status, result.errors)
     raised = [r for r in result.failed_rows if r["check"] == "train"]

@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+from forked import FORK
 from subprocs import run_pytest
 
 SCENARIO = """\
@@ -103,7 +104,8 @@ def test_xfail_registry_outcomes_and_reports(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # a user's CUDA setting: recorded
     reports = tmp_path / "reports"
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny),
-                         "--report-dir", str(reports), "--junitxml", str(tmp_path / "j.xml"), "-rxXf")
+                         "--report-dir", str(reports), "--junitxml", str(tmp_path / "j.xml"), "-rxXf",
+                         *FORK)
     assert rc == 1, out
     # entry 1: fails as registered -> XFAIL
     assert "XFAIL scen/tiny.yaml::tiny[fp32-dp2-LayerNormMLP-sync-none-perturb_reference]" in out
@@ -155,7 +157,8 @@ def test_xdist_runs_groups_on_workers(tmp_path, tiny):
     pytest.importorskip("xdist")
     reports = tmp_path / "reports"
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny), "-n", "2",
-                         "--report-dir", str(reports), "-k", "not skip_load and not perturb")
+                         "--report-dir", str(reports), "-k", "not skip_load and not perturb",
+                         *FORK)
     assert rc == 0, out
     assert "2 passed" in out
     df = pd.read_parquet(next((reports / "history").glob("*.parquet")))

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from forked import FORK
 from subprocs import run_pytest
 
 from harness.checks.base import Check
@@ -134,7 +135,7 @@ def test_a_run_trains_once_for_the_cases_that_share_a_train_phase(cases, tmp_pat
     scen = tmp_path / SCENARIO.name
     scen.write_text(SCENARIO.read_text())
     rc, out = run_pytest(tmp_path, "--scenario", str(scen), "--report-dir",
-                         str(tmp_path / "rep"), timeout=300)
+                         str(tmp_path / "rep"), *FORK, timeout=300)
     assert rc == 1 and "3 passed, 1 failed" in out, out[-3000:]
     assert "2 resharding case(s) loaded the checkpoint the same case without target saved" \
         in out

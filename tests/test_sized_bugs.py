@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from forked import rank_server
 
 from harness.launch.launcher import Launcher
 from harness.launch.scheduler import Scheduler
@@ -22,8 +23,9 @@ def sized(tmp_path_factory):
     cases = expand(load_scenario(SCENARIO), "reference")
     root = tmp_path_factory.mktemp("sized")
     try:
-        with Scheduler(Launcher(root / "launches", "reference", "cpu"), cases,
-                       root / "ckpt") as sched:
+        with rank_server("reference") as server, \
+                Scheduler(Launcher(root / "launches", "reference", "cpu", rank_server=server),
+                          cases, root / "ckpt") as sched:
             return {(c.recipe, c.ax["fault"]) + ((c.ax["mesh"],) if c.ax["mesh"] != "dp2"
                                                  else ()): sched.result(c) for c in cases}
     finally:  # the results are in memory; the launches' files are ~300 MB

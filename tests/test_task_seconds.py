@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+from forked import FORK
 from subprocs import harness_env, one_case_scenario
 
 from harness.speed import task_seconds
@@ -46,7 +47,7 @@ def test_a_run_leaves_its_tasks_seconds_in_pytest_s_cache(tmp_path):
         reports = tmp_path / f"reports{n}"
         argv = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-o",
                 f"cache_dir={cache}", "--scenario", "secs", "--scenario-dir", str(scen),
-                "--report-dir", str(reports), "-q"]
+                "--report-dir", str(reports), "-q", *FORK]
         p = subprocess.run(argv, cwd=tmp_path, env=harness_env(), capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr

@@ -8,6 +8,7 @@ import sys
 
 import pandas as pd
 import pytest
+from forked import FORK
 
 from unseen import ROOT, cases
 
@@ -21,8 +22,8 @@ def result(tmp_path_factory):
     p = subprocess.run([sys.executable, "-m", "pytest", "--scenario",
                         str(ROOT / "tests" / "scenarios" / "tp_twin.yaml"), "--backend",
                         "reference", "--report-dir", str(tmp / "report"), "-q", "-p",
-                        "no:randomly", "-o", f"cache_dir={tmp / 'cache'}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+                        "no:randomly", "-o", f"cache_dir={tmp / 'cache'}", *FORK],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
     files = sorted((tmp / "report" / "history").glob("*.parquet"))
     assert files, p.stdout[-3000:] + p.stderr[-3000:]
     df = pd.concat([pd.read_parquet(f) for f in files])

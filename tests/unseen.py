@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from forked import FORK
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "scenarios" / "unseen_config.yaml"
@@ -18,12 +19,13 @@ CONFIG = {"fp32": "h36-f54-a4-s5-b12-o30-L2-v128-st5-lr0.003",
 
 def run(tmp: Path, backend: str, *args: str) -> tuple[int, str, pd.DataFrame]:
     """``pytest --scenario unseen_config --backend BACKEND ARGS`` with ``tmp``'s results store
-    and cache: (exit code, output, this run's history)."""
+    and cache, its ranks forked from its rank server: (exit code, output, this run's
+    history)."""
     report = tmp / "report"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     p = subprocess.run([sys.executable, "-m", "pytest", "--scenario", str(SCENARIO), "--backend",
                         backend, "--report-dir", str(report), "-o", f"cache_dir={tmp / 'cache'}",
-                        "-q", "-p", "no:randomly", *args], cwd=ROOT, env=env,
+                        "-q", "-p", "no:randomly", *FORK, *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1500)
     files = sorted((report / "history").glob("*.parquet"))
     df = pd.concat([pd.read_parquet(f) for f in files]) if files else pd.DataFrame()
