@@ -11,37 +11,36 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 # The slowest test files, with their seconds in one `pytest -n 2 --dist loadfile` run of the
-# suite (a loaded 2-core machine: what counts is their order). xdist's loadfile hands out whole
+# suite (the 60 longest tests' durations summed per file, a 2-core machine: what counts is their
+# order). xdist's loadfile hands out whole
 # files, by default the files with the most tests first: these few-test files of long launches
 # came last, and the run ended with one worker on its last long file while the other had
 # nothing left. The README's test command hands them out first (longest processing time first);
 # the other files follow in xdist's order. A file not listed costs no correctness, only balance.
 SLOW_FILES = {
-    "tests/test_plugin.py": 300,
-    "tests/test_unseen_config_torch.py": 240,
-    "tests/test_interrupt.py": 210,
-    "tests/test_sized_bugs.py": 200,
-    "tests/test_negative_controls.py": 200,
-    "tests/test_unseen_config.py": 180,
-    "tests/test_no_leaks.py": 150,
-    "tests/test_quiet_run.py": 120,
-    "tests/test_rank_server.py": 110,
-    "tests/test_tp_twin.py": 100,
-    "tests/test_launch_setup.py": 95,
-    "tests/test_model_controls.py": 95,
-    "tests/test_bench.py": 70,
+    "tests/test_interrupt.py": 190,
+    "tests/test_unseen_config.py": 155,
+    "tests/test_no_leaks.py": 110,
+    "tests/test_sized_bugs.py": 90,
+    "tests/test_rank_server.py": 90,
+    "tests/test_plugin.py": 80,
+    "tests/test_unseen_config_torch.py": 75,
     "tests/test_checkpoint_faults.py": 65,
-    "tests/test_shared_train.py": 60,
-    "tests/test_task_seconds.py": 50,
-    "tests/test_launch_env.py": 50,
-    "tests/test_rank_profile.py": 40,
-    "tests/test_accelerations.py": 40,
-    "tests/test_multinode.py": 40,
-    "tests/test_export.py": 30,
-    "tests/report/test_report_content.py": 30,
-    "tests/report/test_report_html.py": 30,
-    "tests/test_concurrent_runs.py": 30,
-    "tests/test_layout.py": 30,
+    "tests/test_negative_controls.py": 60,
+    "tests/test_accelerations.py": 50,
+    "tests/test_launch_setup.py": 50,
+    "tests/test_shared_train.py": 40,
+    "tests/test_bench.py": 35,
+    "tests/test_launch_env.py": 30,
+    "tests/test_quiet_run.py": 30,
+    "tests/test_tp_twin.py": 30,
+    "tests/test_concurrent_runs.py": 25,
+    "tests/test_rank_profile.py": 25,
+    "tests/test_multinode.py": 25,
+    "tests/test_model_controls.py": 25,
+    "tests/report/test_report_content.py": 20,
+    "tests/test_task_seconds.py": 20,
+    "tests/test_export.py": 15,
 }
 
 
