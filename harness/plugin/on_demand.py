@@ -53,9 +53,9 @@ class OnDemand:
         """The cache key of ``case``'s variants: configuration, population, versions, the
         known failures their samples leave out and their seeds."""
         v = on_demand.variants(case, seeds=(0,))[0]
+        seeds = on_demand.seeds_for(case)
         text = json.dumps([v.scenario, v.backend, [a for a in v.axes if a[0] != "seed"],
-                           *([] if on_demand.seeds_for(case) == on_demand.SEEDS
-                             else [on_demand.seeds_for(case)]),
+                           *([] if seeds == on_demand.SEEDS else [seeds]),
                            v.checks, [list(w) for w in v.workarounds], self.hs.device, pg,
                            self.versions, sorted(map(str, leave_out))], sort_keys=True,
                           default=str)

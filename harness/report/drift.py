@@ -104,7 +104,8 @@ def points(rows: pd.DataFrame, cfg: DriftConfig = DriftConfig(), *,
         f, b = pd.Series(dtype=float), pd.Series(dtype=bool)
         return df.assign(base_median=f, base_n=pd.Series(dtype=int), risk=f, growth_flag=b,
                          fraction_flag=b, flagged=b, reason=pd.Series(dtype=object),
-                         base_changes=pd.Series(dtype=int), noisy=b, group_growth=f)
+                         base_changes=pd.Series(dtype=int), noisy=b, group_growth=f,
+                         own_growth=f)
     # one point per series and run (the largest value if a run repeats a row)
     df = df.sort_values(["run_index", "value"], kind="stable")
     df = df.drop_duplicates(GROUP_KEY + ["run_index"], keep="last")
@@ -125,10 +126,10 @@ def points(rows: pd.DataFrame, cfg: DriftConfig = DriftConfig(), *,
     df["fraction_flag"] = has_base & (t > 0) & (v >= cfg.fraction * t) & (b < cfg.fraction * t)
     df = drift_noise.judge_groups(df, cfg.growth, cfg.min_value)
     df["flagged"] = df["growth_flag"] | df["fraction_flag"]
-    df["reason"] = [drift_noise.reason(val / base if base > 0 else math.inf, grp) if noisy and gf else
-                    _reason(gf, ff, val, base, tl, cfg) for gf, ff, val, base, tl, noisy, grp
+    df["reason"] = [drift_noise.reason(own, grp) if noisy and gf else
+                    _reason(gf, ff, val, base, tl, cfg) for gf, ff, val, base, tl, noisy, grp, own
                     in zip(df["growth_flag"], df["fraction_flag"], v, b, t, df["noisy"],
-                           df["group_growth"])]
+                           df["group_growth"], df["own_growth"])]
     return df
 
 

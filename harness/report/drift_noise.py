@@ -38,7 +38,8 @@ def changes(lags: np.ndarray) -> np.ndarray:
 
 def judge_groups(df: pd.DataFrame, growth: float, min_value: float) -> pd.DataFrame:
     """``df`` (drift.points' rows with ``base_changes``) with the series of noisy groups judged
-    as a group: ``noisy``, ``group_growth`` and their flags replaced."""
+    as a group: ``noisy``, ``group_growth`` (the group's median of value / baseline median),
+    ``own_growth`` (the point's) and their flags replaced."""
     long_enough = df["base_n"] >= NOISY_CHANGES + 1
     noisy = (df["base_changes"] >= NOISY_CHANGES).where(long_enough)
     key = [df[c] for c in NOISE_GROUP]
@@ -50,7 +51,8 @@ def judge_groups(df: pd.DataFrame, growth: float, min_value: float) -> pd.DataFr
                           index=df.index)
     group = ratio.where(in_noisy).groupby(key).transform("median")
     flag = in_noisy & (group > growth) & (ratio > growth) & (df["value"] > min_value)
-    df = df.assign(noisy=in_noisy, group_growth=group.where(in_noisy))
+    df = df.assign(noisy=in_noisy, group_growth=group.where(in_noisy),
+                   own_growth=ratio.where(in_noisy))
     df.loc[in_noisy, "growth_flag"] = flag[in_noisy]
     df.loc[in_noisy, "fraction_flag"] = False
     return df
