@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.launch import interrupt, rank_server, scratch
+from harness.launch import interrupt, mps, rank_server, scratch
 from harness.launch.launch import run_env
 from harness.launch.lanes import MAX_RANKS
 from harness.launch.launcher import Launcher
@@ -41,11 +41,13 @@ def accelerations(hs) -> layers.Accelerations:
     turn off (each layer's ``also_off``). The one answer the launches and ranks ask
     (``Launcher.speed``, ``layers.active``)."""
     acc = chosen(hs.config)
-    if rank_start(hs) != "fork":
-        acc = acc.without("rank_server", "stager_fork")
+    if rank_start(hs) != "fork":  # a spawned stager would be one more MPS client
+        acc = acc.without("rank_server", "stager_fork", "mps")
     if hs.device != "cuda":
-        acc = acc.without("stager_prestart", "lane_per_module", "lanes_per_gpu", "pool_lanes",
-                          "cpu_priority")
+        acc = acc.without("mps", "stager_prestart", "lane_per_module", "lanes_per_gpu",
+                          "pool_lanes", "cpu_priority")
+    if "stager_fork" not in acc:  # DCP would spawn the stagers with the ranks' MPS client env
+        acc = acc.without("mps")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
     if getattr(hs.config, "cache", None) is None:
@@ -89,7 +91,25 @@ def execution_meta(hs, launches: list[dict]) -> dict:
             "bytecode": bytecode_cache.describe(run_env(hs.device, acc.env())),
             "task_seconds_known": ex.seconds_known if ex is not None else None,
             "tasks": ex.task_records() if ex is not None else [],
-            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None}
+            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None,
+            "mps": hs.mps_state}
+
+
+def max_ranks(hs) -> int:
+    opt = hs.config.getoption("max_ranks")
+    return MAX_RANKS if opt is None else opt
+
+
+def mps_for(hs) -> tuple:
+    """The run's MPS server (launch/mps.py) and how its meta describes it, where the layer is
+    on and this process will run launches; else (None, "off: why")."""
+    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
+        hs.worker_id is None
+    if "mps" not in accelerations(hs):
+        return None, "off: --accelerations" if hs.device == "cuda" else "off: not a GPU run"
+    if hs.config.getoption("collectonly") or xdist_controller:
+        return None, "off: this process runs no launch"
+    return mps.start(run_env(hs.device, {}), max_ranks(hs), len(hs.env.visible_gpus() or []))
 
 
 def rank_server_for(hs) -> RankServer | None:
@@ -135,8 +155,9 @@ class Execution:
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
             lane_per_module="lane_per_module" in acc,
-            gpu_share=opt("gpu_share"), rank_server=hs.rank_server, env=acc.env(),
-            max_ranks=MAX_RANKS if opt("max_ranks") is None else opt("max_ranks"))
+            gpu_share=opt("gpu_share"), rank_server=hs.rank_server,
+            env={**acc.env(), **(hs.mps.env() if hs.mps is not None else {})},
+            max_ranks=max_ranks(hs))
         ex.launcher.on_record.append(hs.record.on_launch)
         ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")

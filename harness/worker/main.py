@@ -4,8 +4,7 @@ The launcher writes a plan (JSON: tasks, directories, timeouts) and starts ``pyt
 torch.distributed.run ... -m harness.worker --plan PLAN``; its tasks are the plan's and those
 the launcher feeds while the launch lives (``worker.task_feed``). For each task this:
 
-1. writes ``progress/rank{R}.json`` (pid, task, start time) so the launcher's watchdog knows
-   which case is running and whom to signal;
+1. writes ``progress/rank{R}.json`` (pid, task, start time): the watchdog's running case;
 2. runs the phase (``worker.runner``: producers and checks in dependency order) into rows;
 3. agrees on the outcome over a gloo control group (bounded): a rank's failure fails it on all;
 4. rank 0 writes ``results/{task}.json`` atomically (tmp + os.replace).
@@ -122,6 +121,7 @@ def _init(plan: dict, timeline: dict, log_path: str):
     import torch.distributed as dist
 
     from harness import backends
+    from harness.worker import stager_fork
     timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -138,7 +138,8 @@ def _init(plan: dict, timeline: dict, log_path: str):
         timeline["cuda_context"] = time.time()
         dist.init_process_group("gloo", timeout=setup)
     elif plan["device"] == "cuda":
-        # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons)
+        # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons), not
+        stager_fork.leave_run_mps(os.environ)  # as a client of the run's MPS server
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
         torch.cuda.set_device(device)
         timeline["cuda_context"] = time.time()
@@ -164,7 +165,6 @@ def _init(plan: dict, timeline: dict, log_path: str):
     timeline["process_group"] = time.time()
     if plan.get("stager"):  # the launch may run async_process saves (fed ones too)
         from harness.distributed import stager
-        from harness.worker import stager_fork
         stager.prestart(async_group, stager_fork.context(log_path))
     backend = backends.get(plan["backend"])
     backend.preload()  # the library under test (TE) imports here, not inside the first case
