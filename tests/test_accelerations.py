@@ -68,7 +68,8 @@ def test_the_run_folds_in_the_older_switches(tmp_path):
     assert "mps" not in no_fork and "rank_server" in no_fork
     assert "lane_per_module" not in execution.accelerations(_hs(tmp_path, launches_per_gpu=2))
     cpu = execution.accelerations(_hs(tmp_path, device="cpu"))
-    assert not {"rank_server", "stager_prestart", "lane_per_module", "cpu_priority", "mps"} & cpu.on
+    assert not {"stager_prestart", "lane_per_module", "cpu_priority", "mps"} & cpu.on
+    assert {"rank_server", "stager_fork"} <= cpu.on  # CPU ranks fork too (--rank-start auto)
     plain = _hs(tmp_path, accelerations="none")
     assert execution.accelerations(plain) == layers.PLAIN
     assert execution.rank_start(plain) == "fresh"

@@ -65,7 +65,7 @@ def test_a_benchmark_run_writes_its_figures(tmp_path):
     s = json.loads((out / "one.json").read_text())
     assert s["checked"] == 1 and s["outcomes"] == {"passed": 1} and s["pytest_exit"] == 0
     assert s["valid"] and "NOT A BENCHMARK FIGURE" not in p.stdout
-    assert s["rank_start"] == "fresh" and "ranks fresh" in p.stdout  # CPU: a new Python each
+    assert s["rank_start"] == "fork" and "ranks fork" in p.stdout  # forked from the rank server
     assert s["gpus"] == 0 and s["checked_per_minute"] > 0
     assert s["task_seconds_known"] == "0 of 1"  # --no-cache: no earlier run's seconds
     assert 0 < s["cpu_busy_share"] <= 1  # a launch of two ranks ran on this host

@@ -114,13 +114,13 @@ def test_a_forked_ranks_death_is_named_with_its_signal():
 
 
 @pytest.mark.parametrize("device, gpus, given, nnodes, xdist, want", [
-    ("cuda", ["0"], "auto", 1, None, True), ("cpu", [], "auto", 1, None, False),
+    ("cuda", ["0"], "auto", 1, None, True), ("cpu", [], "auto", 1, None, True),
     ("cuda", [], "auto", 1, None, False), ("cpu", [], "fork", 1, None, True),
     ("cuda", ["0"], "fresh", 1, None, False), ("cuda", ["0"], "auto", 2, None, False),
     ("cuda", ["0"], "auto", 1, 2, False)])
 def test_where_ranks_fork(monkeypatch, device, gpus, given, nnodes, xdist, want):
-    """auto forks on cuda with a GPU visible (a CPU-only CI's TE run skips every case: no
-    server) and one node; never over nodes nor in an xdist controller (its workers run the
+    """auto forks on CPU and on cuda with a GPU visible (a CPU-only CI's TE run skips every
+    case: no server) and one node; never over nodes nor in an xdist controller (its workers run the
     launches)."""
     monkeypatch.setattr(RankServer, "start", lambda self: self)
     opts = {"rank_start": given, "nnodes": nnodes, "node_launcher": None,

@@ -57,13 +57,13 @@ def accelerations(hs) -> layers.Accelerations:
 
 def rank_start(hs) -> str:
     """How this run's launches start their agents and ranks: "fork" (from the run's rank
-    server) where ``--rank-start`` says so (auto: on cuda with a GPU visible), the
-    accelerations include the rank server and the run has one node, else "fresh" (a new
-    Python each: the plain path)."""
+    server) where ``--rank-start`` says so (auto: unless a cuda run sees no GPU -- every case
+    skips there), the accelerations include the rank server and the run has one node, else
+    "fresh" (a new Python each: the plain path)."""
     opt = hs.config.getoption
     mode = opt("rank_start")
     if mode == "auto":
-        mode = "fork" if hs.device == "cuda" and hs.env.visible_gpus() else "fresh"
+        mode = "fresh" if hs.device == "cuda" and not hs.env.visible_gpus() else "fork"
     if opt("nnodes") != 1 or opt("node_launcher") or not rank_server.available() or \
             "rank_server" not in chosen(hs.config):
         return "fresh"

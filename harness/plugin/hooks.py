@@ -71,7 +71,8 @@ def pytest_addoption(parser):
                 help="fork: every launch's agent and ranks fork from one process of the run "
                      "that imported torch, the worker and the backend while pytest collected "
                      "(harness/launch/rank_server.py); fresh: a new Python per agent and rank "
-                     "(torchrun's way); auto (default): fork on cuda with one node")
+                     "(torchrun's way); auto (default): fork with one node, unless a cuda run "
+                     "sees no GPU")
     g.addoption("--accelerations", default="all", metavar="all|none|NAME,...",
                 help="the layers that only make the run faster (harness/speed/layers.py): all "
                      "(default); none, the plain path (fresh torchrun agents and ranks, no "

@@ -34,7 +34,8 @@ LAYERS = (
           "run that imported torch, the worker and the backend while pytest collected (its "
           "objects frozen); plain: a fresh Python per agent and rank",
           "launch/rank_server.py, launch/fork_agent.py, launch/server_preload.py",
-          "--rank-start fresh; --rank-start auto on CPU; more than one node"),
+          "--rank-start fresh; --rank-start auto where a cuda run sees no GPU; more than one "
+          "node"),
     Layer("stager_fork", "a rank's DCP async_process stager forks from the rank server; plain: "
           "DCP spawns it", "worker/stager_fork.py", "no rank server"),
     Layer("stager_prestart", "GPU launches that may run an async_process save start DCP's stager "
