@@ -14,7 +14,7 @@ import pytest
 
 from harness.launch import mps
 from harness.plugin import execution
-from harness.worker.stager_fork import leave_run_mps
+from harness.worker import mps_client
 
 FAKE = r'''#!{python}
 import os, sys, time
@@ -49,8 +49,8 @@ def control(tmp_path):
 
 
 def _start(control, tmp_path, **env):
-    return mps.start({"PATH": os.environ["PATH"], **env}, 42, 1, control=control,
-                     modes=["Default"], tmp=str(tmp_path))
+    return mps.start({"PATH": os.environ["PATH"], **env}, control=control, modes=["Default"],
+                     tmp=str(tmp_path))
 
 
 def test_the_daemon_starts_serves_the_launches_and_is_gone_after_stop(control, tmp_path):
@@ -84,24 +84,37 @@ def test_a_daemon_that_cannot_start_leaves_the_run_without_mps(control, tmp_path
     assert not list(tmp_path.glob("harness-mps-*"))  # nothing left behind
 
 
-@pytest.mark.parametrize("env, control, modes, per_gpu, why", [
-    ({mps.PIPE_VAR: "/theirs"}, "c", ["Default"], 8, "the caller's own MPS"),
-    ({}, None, ["Default"], 8, "no nvidia-cuda-mps-control"),
-    ({}, "c", None, 8, "cannot tell the GPUs' compute mode"),
-    ({}, "c", ["Default", "Exclusive_Process"], 8, "compute mode is not Default"),
-    ({}, "c", ["Default"], 49, "49 ranks a GPU, more than MPS's 48"),
+@pytest.mark.parametrize("env, control, modes, why", [
+    ({mps.PIPE_VAR: "/theirs"}, "c", ["Default"], "the caller's own MPS"),
+    ({}, None, ["Default"], "no nvidia-cuda-mps-control"),
+    ({}, "c", None, "cannot tell the GPUs' compute mode"),
+    ({}, "c", ["Default", "Exclusive_Process"], "compute mode is not Default"),
 ])
-def test_where_it_cannot_apply_the_run_says_why(env, control, modes, per_gpu, why):
-    assert why in mps.why_not(env, control, modes, per_gpu)
-    assert mps.why_not({}, "c", ["Default"], 48) is None
+def test_where_it_cannot_apply_the_run_says_why(env, control, modes, why):
+    assert why in mps.why_not(env, control, modes)
+    assert mps.why_not({}, "c", ["Default", "Default"]) is None
 
 
-def test_the_rank_bound_gives_the_ranks_a_gpu():
-    assert mps.ranks_per_gpu(42, 1) == 42 and mps.ranks_per_gpu(42, 2) == 21
-    assert mps.ranks_per_gpu(0, 1) > mps.MAX_CLIENTS  # no bound: too many for MPS
+def test_more_ranks_a_gpu_than_mps_takes_is_too_many():
+    assert mps.too_many(48, 1) is None and mps.too_many(96, 2) is None
+    assert "49 ranks a GPU at once, more than MPS's 48" in mps.too_many(49, 1)
+    assert "49 ranks" in mps.too_many(97, 2)
 
 
-def test_a_killed_runs_daemon_is_stopped_by_the_next_run(control, tmp_path):
+def test_the_daemon_sees_every_gpu_whatever_the_callers_visible_devices(control, tmp_path):
+    """The launches name GPUs by the host's numbers; a server under the caller's
+    CUDA_VISIBLE_DEVICES would number them from 0."""
+    server, state = _start(control, tmp_path, CUDA_VISIBLE_DEVICES="2,3")
+    assert server is not None, state
+    try:
+        (pid,) = mps.holders(server.pipe)
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert not any(e.startswith(b"CUDA_VISIBLE_DEVICES=") for e in env)
+    finally:
+        server.stop()
+
+
+def test_a_killed_runs_daemon_is_stopped_by_the_next_run(control, tmp_path, monkeypatch):
     dead = subprocess.Popen(["true"])
     dead.wait()
     root = tmp_path / f"harness-mps-p{dead.pid}-abcd1234"
@@ -113,31 +126,73 @@ def test_a_killed_runs_daemon_is_stopped_by_the_next_run(control, tmp_path):
     while not mps.holders(root / "pipe") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert mps.holders(root / "pipe")
-    os.environ["PATH"] = f"{os.path.dirname(control)}:{os.environ['PATH']}"
-    try:
-        assert mps.sweep([tmp_path]) == 1
-    finally:
-        os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
+    monkeypatch.setenv("PATH", f"{os.path.dirname(control)}:{os.environ['PATH']}")
+    assert mps.sweep([tmp_path]) == 1
     assert mps.holders(root / "pipe") == [] and not root.exists()
 
 
-def test_only_ranks_sharing_a_gpu_are_clients_of_the_runs_server():
+def test_what_a_rank_starts_leaves_the_runs_server_but_not_the_callers():
     ours = {mps.PIPE_VAR: "/tmp/harness-mps-p1-abcd1234/pipe", "X": "1"}
-    assert leave_run_mps(dict(ours)) == {"X": "1"}  # stagers, NCCL ranks
+    assert mps_client.leave(dict(ours)) == {"X": "1"}  # stagers, NCCL ranks
     theirs = {mps.PIPE_VAR: "/var/run/nvidia-mps"}
-    assert leave_run_mps(dict(theirs)) == theirs  # the caller's own MPS stays as it is
+    assert mps_client.leave(dict(theirs)) == theirs  # the caller's own MPS stays as it is
+    # the server's directory carries the mark the ranks look for
+    assert mps_client.PIPE_VAR == mps.PIPE_VAR
+    assert ("/" + mps.scratch.prefix("mps")).startswith(mps_client.MARK)
 
 
-def _hs(device):
-    opts = {"work_dir": None, "launches_per_gpu": None, "nnodes": 1, "rdzv_endpoint": None,
-            "node_launcher": None, "gpu_share": "auto", "rank_start": "auto",
-            "accelerations": "all", "max_ranks": None, "collectonly": False}
-    return SimpleNamespace(device=device, worker_id=None, config=SimpleNamespace(
-        getoption=opts.get, cache={}, option=SimpleNamespace(numprocesses=None)),
-        env=SimpleNamespace(visible_gpus=lambda: ["0"] if device == "cuda" else []))
+def test_the_run_stops_its_server_even_where_the_rank_server_will_not():
+    from harness.plugin import hooks
+    from harness.plugin.items import STASH
+
+    stopped = []
+
+    def broken():
+        raise RuntimeError("rank server stuck")
+    hs = SimpleNamespace(sigterm_handler=None, rank_server=SimpleNamespace(stop=broken),
+                         mps=SimpleNamespace(stop=lambda: stopped.append("mps")))
+    with pytest.raises(RuntimeError, match="stuck"):
+        hooks.pytest_unconfigure(SimpleNamespace(stash={STASH: hs}))
+    assert stopped == ["mps"]
 
 
-def test_a_cpu_run_has_no_mps():
+def _hs(device, tmp_path=None, numprocesses=None, **given):
+    opts = {"work_dir": str(tmp_path / "work") if tmp_path else None, "launches_per_gpu": None,
+            "nnodes": 1, "rdzv_endpoint": None, "node_launcher": None, "gpu_share": "auto",
+            "rank_start": "auto", "accelerations": "all", "max_ranks": None,
+            "collectonly": False, **given}
+    return SimpleNamespace(
+        device=device, worker_id=None, run_id="r1", backend="te", rank_server=None, mps=None,
+        config=SimpleNamespace(getoption=opts.get, cache=None,
+                               option=SimpleNamespace(numprocesses=numprocesses)),
+        env=SimpleNamespace(visible_gpus=lambda: ["0"] if device == "cuda" else []),
+        record=SimpleNamespace(report_dir=tmp_path / "reports" if tmp_path else None,
+                               on_launch=lambda r: None))
+
+
+def test_runs_that_start_no_server():
     hs = _hs("cpu")
     assert "mps" not in execution.accelerations(hs)
     assert execution.mps_for(hs) == (None, "off: not a GPU run")
+    assert execution.mps_for(_hs("cuda", accelerations="all,-mps")) == \
+        (None, "off: --accelerations")
+    for quiet in (_hs("cuda", collectonly=True), _hs("cuda", numprocesses=2)):
+        assert execution.mps_for(quiet) == (None, "off: this process runs no launch")
+
+
+def test_the_launches_get_the_servers_env_unless_their_ranks_are_too_many(tmp_path):
+    hs = _hs("cuda", tmp_path)
+    hs.mps = mps.Server(tmp_path / "harness-mps-p1-abcd1234", "control")
+    ex = execution.Execution.for_run(hs)
+    try:
+        assert mps.PIPE_VAR in ex.launcher.extra_env and mps.LOG_VAR in ex.launcher.extra_env
+        ex.launcher.peak_ranks = lambda: 48
+        ex._fit_mps()
+        assert ex.launcher.extra_env[mps.PIPE_VAR] == str(hs.mps.pipe) and ex.mps_state == ""
+        ex.launcher.peak_ranks = lambda: 50
+        ex._fit_mps()
+        assert mps.PIPE_VAR not in ex.launcher.extra_env
+        assert mps.LOG_VAR not in ex.launcher.extra_env
+        assert ex.mps_state == "off: up to 50 ranks a GPU at once, more than MPS's 48 clients"
+    finally:
+        ex.cleanup(keep_work=False)

@@ -38,7 +38,8 @@ def test_each_rank_writes_its_profile_and_cpu_seconds(profiled):
         stats = pstats.Stats(str(f))
         assert any(fn[2] == "run_task" for fn in stats.stats), f  # the tasks ran profiled
         cpu = json.loads(f.with_suffix(".cpu.json").read_text())
-        assert cpu["user_s"] > 0.5 and cpu["sys_s"] >= 0, cpu  # at least torch's import
+        # the case's work (a forked rank's own CPU: torch was imported before the fork)
+        assert cpu["user_s"] > 0.05 and cpu["sys_s"] >= 0, cpu
         assert 0 < cpu["user_s"] + cpu["sys_s"] < cpu["wall_s"] * os.cpu_count(), cpu
 
 

@@ -35,6 +35,7 @@ class Lanes:
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
+        self.pools: set = set()  # the (world, pg) pairs of the expected tasks (expect)
 
     def expect(self, cases, tasks=(), seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
@@ -47,6 +48,7 @@ class Lanes:
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
             self.modules.setdefault(w, set()).add(c.ax.get("module"))
         pools = [(t.world_size, case_backend(t.case, self)) for t in tasks]  # (world, pg)
+        self.pools = set(pools)
         if self.device == "cuda" and "pool_lanes" in self.speed:
             self.share = pool_shares(pools)
         if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
@@ -56,6 +58,10 @@ class Lanes:
             self.scale = 1.0
             ranks = self.ranks(set(pools))
             self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
+
+    def peak_ranks(self) -> int:
+        """Rank processes all lanes of the expected tasks run at once (0 before ``expect``)."""
+        return self.ranks(self.pools)
 
     def ranks(self, pools) -> int:
         """Rank processes the lanes of ``pools`` ((world, pg) pairs) run at once."""

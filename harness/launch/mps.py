@@ -5,17 +5,22 @@ them; under MPS their kernels go through one server and run side by side. The ru
 private control daemon (``nvidia-cuda-mps-control -d``) with pipe and log directories of its
 own (``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` in a marked temporary directory,
 ``launch/scratch.py``) and hands that environment to its launches. Who is a client: the ranks
-that share a GPU over gloo. Not: DCP's process-based stagers (``worker/stager_fork.py`` drops
-the pipe variable -- with them the clients outnumbered the server's limit and every
-async_process save failed, "CUDA-capable device(s) is/are busy or unavailable") and NCCL ranks
-(a GPU of their own; ``worker/main.py``).
+that share a GPU over gloo. Not: NCCL ranks (a GPU of their own) and what a rank starts, DCP's
+process-based stagers among them (``worker/mps_client.py``: with them the clients outnumbered
+the server's limit and every async_process save failed, "CUDA-capable device(s) is/are busy
+or unavailable").
+
+Under MPS a fatal GPU fault of one client (an illegal address in a kernel) faults every client
+on that GPU: the other launches sharing it crash too and their cases fail with the crash --
+loudly, never a pass; ``--accelerations all,-mps`` gives each rank a context of its own.
 
 The run asks the daemon to quit when it ends; processes of the daemon still there after a
 bounded wait are killed (found by their environment's pipe directory), and a later run does
 the same for a killed run's daemon (:func:`sweep`). Where it cannot apply -- no
 ``nvidia-cuda-mps-control``, a GPU whose compute mode is not Default, the caller's own MPS
-(their ``CUDA_MPS_PIPE_DIRECTORY``: used as it is), more ranks a GPU than MPS takes -- the run
-goes without and its meta says why.
+(their ``CUDA_MPS_PIPE_DIRECTORY``: used as it is), more ranks a GPU at once than MPS takes
+(:func:`too_many`, once the run's lanes are known) -- the run goes without and its meta says
+why.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class Server:
         return stop_dir(self.root, self.control)
 
 
-def why_not(env, control: str | None, modes: list[str] | None, ranks_per_gpu: int) -> str | None:
+def why_not(env, control: str | None, modes: list[str] | None) -> str | None:
     """Why a run cannot have a server of its own, else None."""
     if env.get(PIPE_VAR):
         return f"the caller's own MPS ({PIPE_VAR}={env[PIPE_VAR]})"
@@ -67,15 +72,16 @@ def why_not(env, control: str | None, modes: list[str] | None, ranks_per_gpu: in
         return "nvidia-smi cannot tell the GPUs' compute mode"
     if any(m != "Default" for m in modes):
         return f"a GPU's compute mode is not Default ({', '.join(modes)})"
-    if ranks_per_gpu > MAX_CLIENTS:
-        return f"up to {ranks_per_gpu} ranks a GPU, more than MPS's {MAX_CLIENTS} clients"
     return None
 
 
-def ranks_per_gpu(max_ranks: int, gpus: int) -> int:
-    """The most ranks one GPU may hold at once: the run's rank bound over its GPUs (no bound:
-    more than MPS takes)."""
-    return math.ceil(max_ranks / max(1, gpus)) if max_ranks > 0 else MAX_CLIENTS + 1
+def too_many(ranks: int, gpus: int) -> str | None:
+    """Why ``ranks`` rank processes at once on ``gpus`` GPUs (the run's lanes, spread over
+    them) cannot all be MPS clients, else None."""
+    per_gpu = math.ceil(ranks / max(1, gpus))
+    if per_gpu > MAX_CLIENTS:
+        return f"up to {per_gpu} ranks a GPU at once, more than MPS's {MAX_CLIENTS} clients"
+    return None
 
 
 def compute_modes(smi: str | None = None) -> list[str] | None:
@@ -91,13 +97,13 @@ def compute_modes(smi: str | None = None) -> list[str] | None:
     return modes if out.returncode == 0 and modes else None
 
 
-def start(env, max_ranks: int, gpus: int, *, control: str | None = None,
-          modes: list[str] | None | bool = False, tmp: str = "/tmp") -> tuple[Server | None, str]:
+def start(env, *, control: str | None = None, modes: list[str] | None | bool = False,
+          tmp: str = "/tmp") -> tuple[Server | None, str]:
     """Start the run's daemon where it can apply: (the server, how the run's meta describes it)
     or (None, why not). ``modes``: the GPUs' compute modes (False: ask nvidia-smi)."""
     control = control or shutil.which(CONTROL, path=env.get("PATH"))
     modes = compute_modes() if modes is False else modes
-    why = why_not(env, control, modes, ranks_per_gpu(max_ranks, gpus))
+    why = why_not(env, control, modes)
     if why:
         return None, f"off: {why}"
     # short: the daemon's sockets live in the pipe directory (a socket path takes 107 bytes)
@@ -105,19 +111,25 @@ def start(env, max_ranks: int, gpus: int, *, control: str | None = None,
     server.pipe.mkdir()
     server.log.mkdir()
     out = server.log / "start.out"  # a file, not a pipe: the daemon may keep what it inherits
+    # the server sees every GPU: the launches' CUDA_VISIBLE_DEVICES name the host's numbers,
+    # which a server started under the caller's CUDA_VISIBLE_DEVICES would renumber from 0
+    daemon_env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
     try:
         with open(out, "w") as f:
-            rc = subprocess.run([control, "-d"], env={**env, **server.env()},
+            rc = subprocess.run([control, "-d"], env={**daemon_env, **server.env()},
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                 timeout=STEP_S).returncode
         failed = rc != 0 and f"{CONTROL} -d exited {rc}: {out.read_text().strip()[-300:]}"
+        deadline = time.monotonic() + STEP_S
+        while not failed and not (server.pipe / "control").exists():
+            if time.monotonic() > deadline:
+                failed = f"{CONTROL} made no control pipe in {STEP_S:g} s"
+            time.sleep(0.05)
     except (OSError, subprocess.TimeoutExpired) as e:
         failed = f"{CONTROL} -d: {e}"
-    deadline = time.monotonic() + STEP_S
-    while not failed and not (server.pipe / "control").exists():
-        if time.monotonic() > deadline:
-            failed = f"{CONTROL} made no control pipe in {STEP_S:g} s"
-        time.sleep(0.05)
+    except BaseException:  # Ctrl-C / SIGTERM while it starts: nothing of it stays
+        server.stop()
+        raise
     if failed:
         server.stop()
         return None, f"off: {failed}"

@@ -92,7 +92,7 @@ def execution_meta(hs, launches: list[dict]) -> dict:
             "task_seconds_known": ex.seconds_known if ex is not None else None,
             "tasks": ex.task_records() if ex is not None else [],
             "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None,
-            "mps": hs.mps_state}
+            "mps": ex.mps_state if ex is not None and ex.mps_state else hs.mps_state}
 
 
 def max_ranks(hs) -> int:
@@ -109,7 +109,7 @@ def mps_for(hs) -> tuple:
         return None, "off: --accelerations" if hs.device == "cuda" else "off: not a GPU run"
     if hs.config.getoption("collectonly") or xdist_controller:
         return None, "off: this process runs no launch"
-    return mps.start(run_env(hs.device, {}), max_ranks(hs), len(hs.env.visible_gpus() or []))
+    return mps.start(run_env(hs.device, {}))
 
 
 def rank_server_for(hs) -> RankServer | None:
@@ -137,6 +137,8 @@ class Execution:
         self.seconds: dict[str, float] = {}  # task -> its seconds in the last run (for_run)
         self.seconds_known: str | None = None  # tasks with the last run's seconds (start)
         self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
+        self.mps = None  # the run's MPS server (launch/mps.py), whose env the launches get
+        self.mps_state = ""  # set where the lanes turned out too many for it (start)
 
     @classmethod
     def for_run(cls, hs) -> "Execution":
@@ -159,6 +161,7 @@ class Execution:
             env={**acc.env(), **(hs.mps.env() if hs.mps is not None else {})},
             max_ranks=max_ranks(hs))
         ex.launcher.on_record.append(hs.record.on_launch)
+        ex.mps = hs.mps
         ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex
@@ -175,8 +178,18 @@ class Execution:
                                    else max(1, (os.cpu_count() or 1) // 4), seconds=self.seconds)
         tasks = self.scheduler.graph.all
         self.launcher.expect(cases, tasks, self.seconds)
+        self._fit_mps()
         self.seconds_known = f"{sum(t.name in self.seconds for t in tasks)} of {len(tasks)}"
         self.scheduler.begin()
+
+    def _fit_mps(self) -> None:
+        """Where the lanes run more ranks a GPU at once than MPS takes, they go without it."""
+        too_many = self.mps is not None and \
+            mps.too_many(self.launcher.peak_ranks(), len(self.launcher.gpus))
+        if too_many:
+            for k in self.mps.env():
+                self.launcher.extra_env.pop(k, None)
+            self.mps_state = f"off: {too_many}"
 
     def task_records(self) -> list[dict]:
         """Each task that ran to its end: its world size, its case's world sizes, module,

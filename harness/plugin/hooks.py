@@ -140,10 +140,12 @@ def pytest_unconfigure(config):
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)
-        if hs.rank_server is not None:
-            hs.rank_server.stop()
-        if hs.mps is not None:
-            hs.mps.stop()
+        try:
+            if hs.rank_server is not None:
+                hs.rank_server.stop()
+        finally:
+            if hs.mps is not None:
+                hs.mps.stop()
 
 
 def pytest_collect_file(file_path: Path, parent):

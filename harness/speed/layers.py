@@ -75,7 +75,7 @@ LAYERS = (
     Layer("mps", "on GPU, the ranks that share a GPU over gloo are clients of a CUDA MPS server "
           "of the run's own, their kernels side by side (DCP's stagers and NCCL ranks are "
           "not); plain: a CUDA context per rank, time-sliced", "launch/mps.py, "
-          "plugin/execution.py (mps_for), worker/stager_fork.py, worker/main.py (_init)",
+          "plugin/execution.py (mps_for, Execution._fit_mps), worker/mps_client.py",
           "CPU runs; ranks not forked; the caller's own MPS; no nvidia-cuda-mps-control; a "
           "compute mode other than Default; more ranks a GPU than MPS takes"),
     Layer("reference_cache", "the FP32 reference and one-rank twin computed once per run for "

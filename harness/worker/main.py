@@ -121,7 +121,7 @@ def _init(plan: dict, timeline: dict, log_path: str):
     import torch.distributed as dist
 
     from harness import backends
-    from harness.worker import stager_fork
+    from harness.worker import mps_client, stager_fork
     timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -134,14 +134,13 @@ def _init(plan: dict, timeline: dict, log_path: str):
         # gloo on GPUs (launch/placement.py): NCCL refuses two ranks on one device, gloo runs
         # every collective on CUDA tensors
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
-        torch.cuda.set_device(device)
+        mps_client.start_cuda(device, shared=True)
         timeline["cuda_context"] = time.time()
         dist.init_process_group("gloo", timeout=setup)
     elif plan["device"] == "cuda":
-        # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons), not
-        stager_fork.leave_run_mps(os.environ)  # as a client of the run's MPS server
+        # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons)
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
-        torch.cuda.set_device(device)
+        mps_client.start_cuda(device, shared=False)
         timeline["cuda_context"] = time.time()
         # async DCP needs a CPU backend beside NCCL
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)

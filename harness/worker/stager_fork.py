@@ -30,7 +30,6 @@ from harness.speed import layers
 from harness.worker import tether
 
 SERVER_VAR = "HARNESS_STAGER_SERVER"  # the rank server's socket (set by the launch's server)
-MPS_PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"  # CUDA's: where a client finds its MPS server
 
 
 class ServerUnavailable(OSError):
@@ -44,14 +43,6 @@ def context(log_path: str) -> "ServerContext | None":
     None where this rank has no server (fresh launches, CPU runs without one)."""
     address = os.environ.get(SERVER_VAR)
     return ServerContext(address, log_path) if address and layers.active("stager_fork") else None
-
-
-def leave_run_mps(env: dict) -> dict:
-    """``env`` (changed in place) without the run's own MPS server (``launch/mps.py``: its
-    pipe directory is a marked ``harness-mps-`` one); a caller's own MPS stays."""
-    if "/harness-mps-" in env.get(MPS_PIPE_VAR, ""):
-        del env[MPS_PIPE_VAR]
-    return env
 
 
 class ServerContext:
@@ -68,10 +59,7 @@ class ServerContext:
 
     def Process(self, *args, **kwargs):  # noqa: N802
         p = StagerProcess(*args, **kwargs)
-        # not a client of the run's MPS server (launch/mps.py): ranks and stagers together
-        # outnumbered its clients, and every async_process save failed
-        env = leave_run_mps(dict(os.environ))
-        p.setup = dict(address=self.address, env=env, nice=os.nice(0),
+        p.setup = dict(address=self.address, env=dict(os.environ), nice=os.nice(0),
                        rank_pid=os.getpid(), log=self.log_path,
                        name=f"harness-stager{os.environ.get('RANK', '')}")
         return p
