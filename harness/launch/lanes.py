@@ -56,7 +56,7 @@ class Lanes:
                                      len(os.sched_getaffinity(0)))
         if self.device == "cuda" and self.max_ranks:
             self.scale = 1.0
-            ranks = self.ranks(set(pools))
+            ranks = self.ranks(self.pools)
             self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
 
     def peak_ranks(self) -> int:

@@ -41,12 +41,12 @@ def accelerations(hs) -> layers.Accelerations:
     turn off (each layer's ``also_off``). The one answer the launches and ranks ask
     (``Launcher.speed``, ``layers.active``)."""
     acc = chosen(hs.config)
-    if rank_start(hs) != "fork":  # a spawned stager would be one more MPS client
-        acc = acc.without("rank_server", "stager_fork", "mps")
+    if rank_start(hs) != "fork":
+        acc = acc.without("rank_server", "stager_fork")
     if hs.device != "cuda":
         acc = acc.without("mps", "stager_prestart", "lane_per_module", "lanes_per_gpu",
                           "pool_lanes", "cpu_priority")
-    if "stager_fork" not in acc:  # DCP would spawn the stagers with the ranks' MPS client env
+    if "stager_fork" not in acc:  # MPS is measured with forked ranks and stagers only
         acc = acc.without("mps")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
@@ -95,19 +95,20 @@ def execution_meta(hs, launches: list[dict]) -> dict:
             "mps": ex.mps_state if ex is not None and ex.mps_state else hs.mps_state}
 
 
-def max_ranks(hs) -> int:
-    opt = hs.config.getoption("max_ranks")
-    return MAX_RANKS if opt is None else opt
+def runs_launches(hs) -> bool:
+    """Whether this process will run launches: not a collection, not an xdist controller (its
+    workers run them)."""
+    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
+        hs.worker_id is None
+    return not (hs.config.getoption("collectonly") or xdist_controller)
 
 
 def mps_for(hs) -> tuple:
     """The run's MPS server (launch/mps.py) and how its meta describes it, where the layer is
     on and this process will run launches; else (None, "off: why")."""
-    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
-        hs.worker_id is None
     if "mps" not in accelerations(hs):
         return None, "off: --accelerations" if hs.device == "cuda" else "off: not a GPU run"
-    if hs.config.getoption("collectonly") or xdist_controller:
+    if not runs_launches(hs):
         return None, "off: this process runs no launch"
     return mps.start(run_env(hs.device, {}))
 
@@ -115,9 +116,7 @@ def mps_for(hs) -> tuple:
 def rank_server_for(hs) -> RankServer | None:
     """The run's rank server, started now (its imports overlap collection), where the run's
     ranks fork (:func:`rank_start`) and this process will run launches; else None."""
-    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
-        hs.worker_id is None
-    if rank_start(hs) != "fork" or hs.config.getoption("collectonly") or xdist_controller:
+    if rank_start(hs) != "fork" or not runs_launches(hs):
         return None
     return RankServer(hs.backend, run_env(hs.device, accelerations(hs).env())).start()
 
@@ -159,7 +158,7 @@ class Execution:
             lane_per_module="lane_per_module" in acc,
             gpu_share=opt("gpu_share"), rank_server=hs.rank_server,
             env={**acc.env(), **(hs.mps.env() if hs.mps is not None else {})},
-            max_ranks=max_ranks(hs))
+            max_ranks=MAX_RANKS if opt("max_ranks") is None else opt("max_ranks"))
         ex.launcher.on_record.append(hs.record.on_launch)
         ex.mps = hs.mps
         ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
