@@ -62,13 +62,10 @@ def test_the_run_folds_in_the_older_switches(tmp_path):
     assert gpu == layers.ALL
     assert execution.rank_start(_hs(tmp_path)) == "fork"
     fresh = execution.accelerations(_hs(tmp_path, rank_start="fresh"))
-    # fresh ranks spawn their stagers: MPS clients with the ranks, so no MPS
-    assert fresh == layers.ALL.without("rank_server", "stager_fork", "mps")
-    no_fork = execution.accelerations(_hs(tmp_path, accelerations="all,-stager_fork"))
-    assert "mps" not in no_fork and "rank_server" in no_fork
+    assert fresh == layers.ALL.without("rank_server", "stager_fork")
     assert "lane_per_module" not in execution.accelerations(_hs(tmp_path, launches_per_gpu=2))
     cpu = execution.accelerations(_hs(tmp_path, device="cpu"))
-    assert not {"stager_prestart", "lane_per_module", "cpu_priority", "mps"} & cpu.on
+    assert not {"stager_prestart", "lane_per_module", "cpu_priority"} & cpu.on
     assert {"rank_server", "stager_fork"} <= cpu.on  # CPU ranks fork too (--rank-start auto)
     plain = _hs(tmp_path, accelerations="none")
     assert execution.accelerations(plain) == layers.PLAIN

@@ -18,7 +18,7 @@ PROCESS_MANAGEMENT = ["launch/launch.py", "launch/ending.py", "launch/launcher.p
                       "launch/procs.py", "launch/tethered.py", "launch/interrupt.py",
                       "launch/gpu.py", "worker/task_feed.py", "worker/tether.py",
                       "launch/rank_server.py", "launch/fork_agent.py",
-                      "launch/server_preload.py", "worker/stager_fork.py", "launch/mps.py"]
+                      "launch/server_preload.py", "worker/stager_fork.py"]
 # not counted: launch/scratch.py (directories of killed runs swept by the next run: files, not
 # processes), the task model (tasks, task_graph, case_result), placement, speed/ (the
 # accelerations: what they start is counted where they start it, launch/ and worker/)

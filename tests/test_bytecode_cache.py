@@ -128,7 +128,7 @@ def test_the_run_meta_says_where_the_bytecode_went(tmp_path, no_bytecode):
     def meta(acc):
         opts = {"accelerations": acc, "rank_start": "fresh", "launches_per_gpu": None,
                 "nnodes": 1, "node_launcher": None}
-        hs = SimpleNamespace(device="cpu", execution=None, env=None, mps_state="off",
+        hs = SimpleNamespace(device="cpu", execution=None, env=None,
                              config=SimpleNamespace(getoption=opts.get, cache={}))
         return execution.execution_meta(hs, [])["bytecode"]
     assert meta("all") == f"own cache {no_bytecode}"

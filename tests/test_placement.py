@@ -228,7 +228,7 @@ def test_the_plugin_counts_modules_unless_launches_per_gpu_is_given(tmp_path, gi
     opts = {"work_dir": str(tmp_path / "work"), "launches_per_gpu": given, "nnodes": 1,
             "rdzv_endpoint": None, "node_launcher": None, "gpu_share": "auto"}
     hs = SimpleNamespace(
-        run_id="r1", worker_id=None, backend="te", device="cuda", rank_server=None, mps=None,
+        run_id="r1", worker_id=None, backend="te", device="cuda", rank_server=None,
         config=SimpleNamespace(getoption=opts.get),
         env=SimpleNamespace(visible_gpus=lambda: ["0"]),
         record=SimpleNamespace(report_dir=tmp_path / "reports", on_launch=lambda r: None))

@@ -59,10 +59,6 @@ class Lanes:
             ranks = self.ranks(self.pools)
             self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
 
-    def peak_ranks(self) -> int:
-        """Rank processes all lanes of the expected tasks run at once (0 before ``expect``)."""
-        return self.ranks(self.pools)
-
     def ranks(self, pools) -> int:
         """Rank processes the lanes of ``pools`` ((world, pg) pairs) run at once."""
         return sum(len(self.slots(w, pg)) * w for w, pg in pools)

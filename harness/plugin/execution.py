@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.launch import interrupt, mps, rank_server, scratch
+from harness.launch import interrupt, rank_server, scratch
 from harness.launch.launch import run_env
 from harness.launch.lanes import MAX_RANKS
 from harness.launch.launcher import Launcher
@@ -44,10 +44,8 @@ def accelerations(hs) -> layers.Accelerations:
     if rank_start(hs) != "fork":
         acc = acc.without("rank_server", "stager_fork")
     if hs.device != "cuda":
-        acc = acc.without("mps", "stager_prestart", "lane_per_module", "lanes_per_gpu",
-                          "pool_lanes", "cpu_priority")
-    if "stager_fork" not in acc:  # MPS is measured with forked ranks and stagers only
-        acc = acc.without("mps")
+        acc = acc.without("stager_prestart", "lane_per_module", "lanes_per_gpu", "pool_lanes",
+                          "cpu_priority")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
     if getattr(hs.config, "cache", None) is None:
@@ -91,8 +89,7 @@ def execution_meta(hs, launches: list[dict]) -> dict:
             "bytecode": bytecode_cache.describe(run_env(hs.device, acc.env())),
             "task_seconds_known": ex.seconds_known if ex is not None else None,
             "tasks": ex.task_records() if ex is not None else [],
-            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None,
-            "mps": ex.mps_state if ex is not None and ex.mps_state else hs.mps_state}
+            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None}
 
 
 def runs_launches(hs) -> bool:
@@ -101,16 +98,6 @@ def runs_launches(hs) -> bool:
     xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
         hs.worker_id is None
     return not (hs.config.getoption("collectonly") or xdist_controller)
-
-
-def mps_for(hs) -> tuple:
-    """The run's MPS server (launch/mps.py) and how its meta describes it, where the layer is
-    on and this process will run launches; else (None, "off: why")."""
-    if "mps" not in accelerations(hs):
-        return None, "off: --accelerations" if hs.device == "cuda" else "off: not a GPU run"
-    if not runs_launches(hs):
-        return None, "off: this process runs no launch"
-    return mps.start(run_env(hs.device, {}))
 
 
 def rank_server_for(hs) -> RankServer | None:
@@ -136,8 +123,6 @@ class Execution:
         self.seconds: dict[str, float] = {}  # task -> its seconds in the last run (for_run)
         self.seconds_known: str | None = None  # tasks with the last run's seconds (start)
         self.stacks = None  # kill -USR1 <pytest pid>: its threads' stacks, beside the launches
-        self.mps = None  # the run's MPS server (launch/mps.py), whose env the launches get
-        self.mps_state = ""  # set where the lanes turned out too many for it (start)
 
     @classmethod
     def for_run(cls, hs) -> "Execution":
@@ -156,11 +141,9 @@ class Execution:
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
             lane_per_module="lane_per_module" in acc,
-            gpu_share=opt("gpu_share"), rank_server=hs.rank_server,
-            env={**acc.env(), **(hs.mps.env() if hs.mps is not None else {})},
+            gpu_share=opt("gpu_share"), rank_server=hs.rank_server, env=acc.env(),
             max_ranks=MAX_RANKS if opt("max_ranks") is None else opt("max_ranks"))
         ex.launcher.on_record.append(hs.record.on_launch)
-        ex.mps = hs.mps
         ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex
@@ -177,18 +160,8 @@ class Execution:
                                    else max(1, (os.cpu_count() or 1) // 4), seconds=self.seconds)
         tasks = self.scheduler.graph.all
         self.launcher.expect(cases, tasks, self.seconds)
-        self._fit_mps()
         self.seconds_known = f"{sum(t.name in self.seconds for t in tasks)} of {len(tasks)}"
         self.scheduler.begin()
-
-    def _fit_mps(self) -> None:
-        """Where the lanes run more ranks a GPU at once than MPS takes, they go without it."""
-        too_many = self.mps is not None and \
-            mps.too_many(self.launcher.peak_ranks(), len(self.launcher.gpus))
-        if too_many:
-            for k in self.mps.env():
-                self.launcher.extra_env.pop(k, None)
-            self.mps_state = f"off: {too_many}"
 
     def task_records(self) -> list[dict]:
         """Each task that ran to its end: its world size, its case's world sizes, module,

@@ -116,7 +116,6 @@ def pytest_configure(config):
     config.stash[STASH] = hs
     hs.sigterm_handler = interrupt.install()  # SIGTERM stops the run like Ctrl-C
     hs.rank_server = execution.rank_server_for(hs)  # its imports overlap what pytest does next
-    hs.mps, hs.mps_state = execution.mps_for(hs)
     try:
         _check_models(hs)
     except (ScenarioError, registry.RegistryError, ValueError) as e:
@@ -140,12 +139,8 @@ def pytest_unconfigure(config):
     hs = config.stash.get(STASH, None)
     if hs is not None:
         interrupt.uninstall(hs.sigterm_handler)
-        try:
-            if hs.rank_server is not None:
-                hs.rank_server.stop()
-        finally:
-            if hs.mps is not None:
-                hs.mps.stop()
+        if hs.rank_server is not None:
+            hs.rank_server.stop()
 
 
 def pytest_collect_file(file_path: Path, parent):

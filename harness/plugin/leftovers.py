@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch import mps, scratch
+from harness.launch import scratch
 
 
 class _Note:
@@ -29,7 +29,6 @@ class _Note:
 def sweep(config, work_dir: str | None) -> str:
     """Remove the leftovers of dead runs where this run puts its temporary directories; the
     line that says so is printed as the session starts."""
-    mps.sweep(scratch.parents(work_dir))  # a killed run's MPS daemon ends before its directory
     line = scratch.sweep(scratch.parents(work_dir))
     if line:
         config.pluginmanager.register(_Note(line), "harness-leftovers")

@@ -77,7 +77,6 @@ class HarnessSession:
         self.execution: Execution | None = None
         self.on_demand: OnDemand | None = None  # populations measured for this run's cases
         self.rank_server = None  # launch.rank_server.RankServer, where ranks fork (hooks.py)
-        self.mps, self.mps_state = None, "off"  # launch.mps.Server of the run, its account
         self.selected_items: dict[str, CaseItem] = {}  # case id -> item (this process)
         self.selected_cases: dict[str, Case] = {}  # xdist controller: case id -> case
         self.sigterm_handler = None

@@ -172,15 +172,14 @@ def summarize(df: pd.DataFrame, meta: dict, wall: float, usage: UsageSampler,
         te=meta.get("te_version"), hostname=meta.get("hostname"), cpu_count=meta.get("cpu_count"),
         rank_start=meta.get("rank_start"), task_seconds_known=meta.get("task_seconds_known"),
         accelerations=meta.get("accelerations"), bytecode=meta.get("bytecode"),
-        mps=meta.get("mps"), scaling=scaling.model(meta, session, wall, gpus))
+        scaling=scaling.model(meta, session, wall, gpus))
 
 
 def render(label: str, s: dict) -> str:
     lines = [f"{label}: {s['cases']} cases ({s['outcomes']}) in {s['wall_s']:.1f} s wall, "
              f"{s['launches']} launch(es)" + (f", ranks {s['rank_start']}"
                                              if s.get("rank_start") else "")
-             + (f", accelerations {s['accelerations']}" if s.get("accelerations") else "")
-             + (f"; MPS: {s['mps']}" if s.get("mps") else "")]
+             + (f", accelerations {s['accelerations']}" if s.get("accelerations") else "")]
     if not s.get("valid", True):
         lines.append(f"  NOT A BENCHMARK FIGURE: {s['outcomes'].get('failed', 0)} case(s) failed "
                      f"(pytest exit {s.get('pytest_exit')}); a failing case may end early, and "

@@ -72,12 +72,6 @@ LAYERS = (
           "launch/placement.py (pool_shares)", "CPU runs"),
     Layer("cpu_priority", "on GPU, ranks of smaller worlds run at a lower CPU priority; plain: "
           "the host's default", "launch/placement.py (cpu_priority)", "CPU runs"),
-    Layer("mps", "on GPU, the ranks that share a GPU over gloo are clients of a CUDA MPS server "
-          "of the run's own, their kernels side by side (DCP's stagers and NCCL ranks are "
-          "not); plain: a CUDA context per rank, time-sliced", "launch/mps.py, "
-          "plugin/execution.py (mps_for, Execution._fit_mps), worker/mps_client.py",
-          "CPU runs; ranks not forked; the caller's own MPS; no nvidia-cuda-mps-control; a "
-          "compute mode other than Default; more ranks a GPU than MPS takes"),
     Layer("reference_cache", "the FP32 reference and one-rank twin computed once per run for "
           "everything that determines them; plain: computed for every task that needs them",
           "speed/reference_cache.py"),

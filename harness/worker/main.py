@@ -121,7 +121,6 @@ def _init(plan: dict, timeline: dict, log_path: str):
     import torch.distributed as dist
 
     from harness import backends
-    from harness.worker import mps_client, stager_fork
     timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -134,13 +133,13 @@ def _init(plan: dict, timeline: dict, log_path: str):
         # gloo on GPUs (launch/placement.py): NCCL refuses two ranks on one device, gloo runs
         # every collective on CUDA tensors
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
-        mps_client.start_cuda(device, shared=True)
+        torch.cuda.set_device(device)
         timeline["cuda_context"] = time.time()
         dist.init_process_group("gloo", timeout=setup)
     elif plan["device"] == "cuda":
         # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons)
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
-        mps_client.start_cuda(device, shared=False)
+        torch.cuda.set_device(device)
         timeline["cuda_context"] = time.time()
         # async DCP needs a CPU backend beside NCCL
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
@@ -164,6 +163,7 @@ def _init(plan: dict, timeline: dict, log_path: str):
     timeline["process_group"] = time.time()
     if plan.get("stager"):  # the launch may run async_process saves (fed ones too)
         from harness.distributed import stager
+        from harness.worker import stager_fork
         stager.prestart(async_group, stager_fork.context(log_path))
     backend = backends.get(plan["backend"])
     backend.preload()  # the library under test (TE) imports here, not inside the first case
