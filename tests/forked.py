@@ -2,8 +2,8 @@
 what a case computes, not how its processes start. A fresh rank imports torch, DCP and the
 harness itself (~3 CPU-seconds a rank on the 2-core CI machine); a forked one imports nothing.
 Forked and fresh ranks give the same results to the bit (tests/test_rank_server.py); the
-fresh path keeps its own tests (test_no_leaks, test_interrupt, test_checkpoint_faults,
-test_accelerations' plain path, ...). One server per process: :func:`rank_server` starts it for
+fresh path keeps its own tests (test_no_leaks, test_interrupt, test_accelerations' plain
+path, ...). One server per process: :func:`rank_server` starts it for
 the block and stops it after."""
 
 import contextlib

@@ -2,13 +2,15 @@
 shard (sync and async_thread), the async_process stager killed, a shard file truncated after the
 save, ``.metadata`` removed, ENOSPC from the writer. Each case must end with a clear error
 naming the checkpoint and what is wrong, nothing may be loaded from the broken checkpoint, the
-case after it (in the same batch) must pass, and no process may survive.
+case after it (in the same batch) must pass, and no process may survive. The ranks fork from a
+rank server, as a run's do by default (the fresh path's faults: test_no_leaks, test_interrupt).
 """
 
 import os
 import signal
 
 import pytest
+from forked import rank_server
 from proc_sampler import Sampler
 
 from harness.launch.launcher import Launcher
@@ -46,11 +48,12 @@ def outcome(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ckpt_faults")
     (tmp / "ckpt_faults.yaml").write_text(SCENARIO)
     cases = expand(load_scenario(tmp / "ckpt_faults.yaml"), "torch")
-    launcher = Launcher(tmp / "launches", "torch", "cpu")
     # a lane per DCP mode (three at once): the crashes' relaunches overlap
-    with Sampler(tmp / "launches") as sampler, \
-            Scheduler(launcher, cases, tmp / "ckpt", lambda c: c.ax["dcp"]) as sched:
-        results = {(c.ax["dcp"], c.ax["fault"]): sched.result(c) for c in cases}
+    # (the server's own process is sampled too: it must be gone after its stop like the rest)
+    with Sampler(tmp / "launches") as sampler, rank_server("torch") as server:
+        launcher = Launcher(tmp / "launches", "torch", "cpu", rank_server=server)
+        with Scheduler(launcher, cases, tmp / "ckpt", lambda c: c.ax["dcp"]) as sched:
+            results = {(c.ax["dcp"], c.ax["fault"]): sched.result(c) for c in cases}
     survivors = sampler.survivors()
     for pid in survivors:  # never leave them running, even when the test fails
         os.kill(pid, signal.SIGKILL)

@@ -1,6 +1,7 @@
 """Ctrl-C / SIGTERM mid-launch: a real ``pytest --scenario`` subprocess is signalled while a
 launch is in the middle of its batch (one case finished, the next one running, a process-staged
-async DCP helper alive). It must stop within seconds with pytest's exit status 2, leave no
+async DCP helper alive): a terminal's Ctrl-C (SIGINT to the process group, the ranks forked as
+by default) and SIGTERM to pytest alone (fresh and forked ranks). It must stop within seconds with pytest's exit status 2, leave no
 process and no work directory behind, and write a valid history holding the finished case and
 the unfinished ones as ``interrupted``. And when pytest is SIGKILLed (no clean-up code can run;
 what a crashed pytest-xdist worker looks like), the tethers still take every process down, and
@@ -116,7 +117,7 @@ def _stagers_seen(sampler, rank_start: str) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("who, sig, rank_start", [
-    ("group", signal.SIGINT, "fresh"), ("pytest", signal.SIGTERM, "fresh"),
+    ("group", signal.SIGINT, "fork"), ("pytest", signal.SIGTERM, "fresh"),
     ("pytest", signal.SIGTERM, "fork")],
     ids=["SIGINT-to-group", "SIGTERM-to-pytest", "SIGTERM-to-pytest-forked-ranks"])
 def test_signal_stops_the_run_cleanly(tmp_path, scratch_tmp, who, sig, rank_start):
