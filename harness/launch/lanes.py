@@ -13,8 +13,9 @@ from harness.speed.lane_choice import extra_lanes
 
 # --max-ranks default: rank processes of all launches at once on a GPU host. Every task slows
 # down as a host runs more, whatever its GPUs (their CUDA contexts start one after another,
-# host-wide); measured: docs/performance.md, "More GPUs"
-MAX_RANKS = 42
+# host-wide); 32 against 42, alternating: faster on one H200, no slower on two (measured:
+# docs/performance.md, "More GPUs" and "--max-ranks on one H200")
+MAX_RANKS = 32
 
 
 class Lanes:
