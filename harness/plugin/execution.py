@@ -89,7 +89,9 @@ def execution_meta(hs, launches: list[dict]) -> dict:
             "bytecode": bytecode_cache.describe(run_env(hs.device, acc.env())),
             "task_seconds_known": ex.seconds_known if ex is not None else None,
             "tasks": ex.task_records() if ex is not None else [],
-            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None}
+            "max_ranks": ex.launcher.max_ranks if ex is not None and ex.launcher else None,
+            "launches_per_gpu":
+                ex.launcher.launches_per_gpu if ex is not None and ex.launcher else None}
 
 
 def runs_launches(hs) -> bool:

@@ -39,10 +39,11 @@ GPU_COUNTS = (1, 2, 4, 8)
 LAUNCHES_PER_GPU = 4  # plugin/execution.py's default
 
 
-def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations,
-                 max_ranks: int) -> Launcher:
-    """A launcher of a host of ``gpus`` GPUs that expects the run's ``tasks``: its
-    ``slots(world, pg)`` are the lanes that host starts (no process is started)."""
+def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations, max_ranks: int,
+                 launches_per_gpu: int = LAUNCHES_PER_GPU) -> Launcher:
+    """A launcher of a host of ``gpus`` GPUs that expects the run's ``tasks`` under the run's
+    lane options: its ``slots(world, pg)`` are the lanes that host starts (no process is
+    started)."""
     cases = {}
     for t in tasks:  # the fields the launcher's lane counts read of a case and a task
         key = t["name"].rsplit(".", 1)[0]
@@ -51,7 +52,7 @@ def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations,
     shims = [SimpleNamespace(world_size=t["world"], case=cases[t["name"].rsplit(".", 1)[0]])
              for t in tasks]
     launcher = Launcher("/nonexistent", "te", "cuda", gpus=[str(i) for i in range(gpus)],
-                        launches_per_gpu=LAUNCHES_PER_GPU, env=acc.without("stager_prestart")
+                        launches_per_gpu=launches_per_gpu, env=acc.without("stager_prestart")
                         .env(), lane_per_module="lane_per_module" in acc, max_ranks=max_ranks)
     launcher.expect(list(cases.values()), shims)
     return launcher
@@ -78,19 +79,21 @@ def start_s(launches: list[dict]) -> float:
 
 
 def ranks_per_gpu(tasks: list[dict], gpus: int, acc: layers.Accelerations,
-                  max_ranks: int) -> float:
+                  max_ranks: int, launches_per_gpu: int = LAUNCHES_PER_GPU) -> float:
     """Rank processes a GPU of a host of ``gpus`` GPUs holds while every lane runs."""
-    return launcher_for(tasks, gpus, acc, max_ranks).ranks(pools(tasks, gpus)) / gpus
+    return launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu).ranks(
+        pools(tasks, gpus)) / gpus
 
 
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
-            run_ranks_per_gpu: float = 0.0) -> dict:
+            run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU) -> dict:
     """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. Where the
     ranks a GPU of the run's host held are given, its task seconds are scaled by the ranks a
     GPU holds on the predicted host against them (a task took 1.84x as long where a GPU held
     twice the ranks: docs/performance.md)."""
-    launcher, work, by_pool = launcher_for(tasks, gpus, acc, max_ranks), {}, pools(tasks, gpus)
+    launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu)
+    work, by_pool = {}, pools(tasks, gpus)
     load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
     for (world, pg), pool in by_pool.items():
         n = len(launcher.slots(world, pg))
@@ -115,10 +118,11 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     sess = sum(session.values()) if session else 0.0
     ran = {str(t["world"]) + "/" + t["pg"] for t in tasks}
     max_ranks = meta.get("max_ranks") or 0
-    run_load = ranks_per_gpu(tasks, measured_gpus, acc, max_ranks)
+    lpg = meta.get("launches_per_gpu") or LAUNCHES_PER_GPU  # the run's --launches-per-gpu
+    run_load = ranks_per_gpu(tasks, measured_gpus, acc, max_ranks, lpg)
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
-                                 run_load) for g in GPU_COUNTS]}
+                                 run_load, lpg) for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - ran)
     return out

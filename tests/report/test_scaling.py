@@ -50,6 +50,19 @@ def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
     assert scaling.model(meta, {}, 16.0, 0) is None  # a CPU run
 
 
+def test_the_model_takes_the_run_s_own_launches_per_gpu():
+    """A run given ``--launches-per-gpu 8`` (lane_per_module off) ran its 2-rank pool in 8
+    lanes: the model's own host is predicted with 8, not the default 4 (which predicted
+    35.7 s for a 24.5 s run on one H200)."""
+    tasks = [_task(2, (2,), m, 1.0) for m in MODULES for _ in range(8)]  # 40 s
+    meta = dict(tasks=tasks, launches=[_launch(2.0)], launches_per_gpu=8,
+                accelerations="all but lane_per_module")
+    one = scaling.model(meta, {}, 7.0, 1)["predicted"][0]
+    assert one["pools"]["2/gloo"] == dict(seconds=40.0, lanes=8, per_lane_s=5.0), one
+    default = scaling.model({**meta, "launches_per_gpu": None}, {}, 12.0, 1)["predicted"][0]
+    assert default["pools"]["2/gloo"]["lanes"] == 4  # the default, before a run recorded it
+
+
 def test_a_case_that_shares_in_one_phase_keeps_its_other_phase_on_gloo():
     """A 2-rank train whose reshard goes to 4 ranks: on 2 GPUs the 4 ranks share, so the
     2-rank phase runs gloo too (placement.case_backend) -- a pool of its own."""
