@@ -13,8 +13,7 @@ from harness.speed.lane_choice import extra_lanes
 
 # --max-ranks default: rank processes of all launches at once on a GPU host. Every task slows
 # down as a host runs more, whatever its GPUs (their CUDA contexts start one after another,
-# host-wide); measured: docs/performance.md, "More GPUs" (32 against 42: "--max-ranks on one
-# H200", 5-9% faster there, below the 10% a speed change must show)
+# host-wide); measured: docs/performance.md, "More GPUs" and its `--max-ranks` section
 MAX_RANKS = 42
 
 

@@ -87,7 +87,7 @@ def extra_lanes(tasks: list, seconds: dict[str, float], lanes_of: Callable[[int]
     """World size -> lanes beyond one per module (``_extra`` of the seconds of its modules'
     ``tasks``), none where the run's lanes (``lanes_of(world)`` each, plus these) would put more
     ranks on the host than it has ``cores``: then the ranks compete for the cores (the whole TE
-    matrix's 36-42 ranks on 16 cores are CPU-bound) and a lane more only adds its first use."""
+    matrix's 42 ranks on 16 cores are CPU-bound) and a lane more only adds its first use."""
     by_world: dict[int, Counter] = {}
     for t in tasks:
         by_world.setdefault(t.world_size, Counter())[t.case.ax.get("module")] += \
