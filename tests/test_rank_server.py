@@ -246,6 +246,20 @@ def test_a_closed_server_ends_by_itself_and_forks_nothing_more(tmp_path):
     assert not os.path.exists(server.dir)
 
 
+@pytest.mark.integration
+def test_a_server_no_launch_used_stops_without_waiting_for_its_imports():
+    """A run that selects no case (``-k`` a typo) or skips every one never asks its server for
+    an agent: stop() kills it at once instead of waiting until it has imported torch and the
+    backend (seconds on a 2-core machine)."""
+    server = RankServer("torch", run_env("cpu", {})).start()
+    pid, t0 = server.pid, time.monotonic()
+    server.stop()
+    assert time.monotonic() - t0 < 1.0  # torch's import alone takes longer
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped
+    assert not procs.alive(pid) and not os.path.exists(server.dir)
+
+
 def test_the_run_closes_its_server_once_its_lanes_ended():
     """Execution.shutdown: the lanes end first (every launch and agent done), then the server
     is closed -- its exit overlaps the writing of the run's results (the tasks' seconds for the

@@ -96,6 +96,7 @@ class RankServer:
         self._own_tracker = False
         self.broken: str | None = None  # why agents start fresh (the server failed)
         self.told = False  # ... said once on stderr
+        self.agents = 0  # agents asked of it: none, and close() need not wait for its imports
 
     def start(self) -> "RankServer":
         """Spawn the server (it preloads in the background; the first agent waits for it)."""
@@ -134,6 +135,7 @@ class RankServer:
         if self.broken is None and not _alive(self.pid):
             self.broken = "the rank server exited"
         if self.broken is None:
+            self.agents += 1
             p = self.ctx.Process(target=fork_agent.agent_main, name="torchrun-agent", args=(
                 argv[argv.index(TORCHRUN) + 1:],
                 {**env, NVML_VAR: "1", stager_fork.SERVER_VAR: self.address}, str(log), str(cwd)))
@@ -175,6 +177,9 @@ class RankServer:
         self.broken = self.broken or "the rank server was closed"
         if fd is not None:
             os.close(fd)
+        if not self.agents and _alive(self.pid):  # unused (no case ran): its imports may stop
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         """End the server (its agents, tethered to it, end with it): :meth:`close` (if not
