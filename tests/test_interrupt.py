@@ -3,9 +3,10 @@ launch is in the middle of its batch (one case finished, the next one running, a
 async DCP helper alive): a terminal's Ctrl-C (SIGINT to the process group, the ranks forked as
 by default) and SIGTERM to pytest alone (fresh and forked ranks). It must stop within seconds
 with pytest's exit status 2, leave no process and no work directory behind, and write a valid
-history holding the finished case and the unfinished ones as ``interrupted``. And when pytest is SIGKILLed (no clean-up code can run;
-what a crashed pytest-xdist worker looks like), the tethers still take every process down, and
-the next run removes the temporary directories it left (its work dir, its launch's TMPDIR)."""
+history holding the finished case and the unfinished ones as ``interrupted``. And when pytest
+is SIGKILLed (no clean-up code can run; what a crashed pytest-xdist worker looks like), the
+tethers still take every process down, and the next run removes the temporary directories it
+left (its work dir, its launch's TMPDIR)."""
 
 import json
 import os

@@ -35,7 +35,6 @@ class Lanes:
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
-        self.pools: set = set()  # the (world, pg) pairs of the expected tasks (expect)
 
     def expect(self, cases, tasks=(), seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
@@ -48,7 +47,6 @@ class Lanes:
         for c, w in ((c, w) for c in cases for w in c.world_sizes):
             self.modules.setdefault(w, set()).add(c.ax.get("module"))
         pools = [(t.world_size, case_backend(t.case, self)) for t in tasks]  # (world, pg)
-        self.pools = set(pools)
         if self.device == "cuda" and "pool_lanes" in self.speed:
             self.share = pool_shares(pools)
         if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
@@ -56,7 +54,7 @@ class Lanes:
                                      len(os.sched_getaffinity(0)))
         if self.device == "cuda" and self.max_ranks:
             self.scale = 1.0
-            ranks = self.ranks(self.pools)
+            ranks = self.ranks(set(pools))
             self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
 
     def ranks(self, pools) -> int:

@@ -94,18 +94,12 @@ def execution_meta(hs, launches: list[dict]) -> dict:
                 ex.launcher.launches_per_gpu if ex is not None and ex.launcher else None}
 
 
-def runs_launches(hs) -> bool:
-    """Whether this process will run launches: not a collection, not an xdist controller (its
-    workers run them)."""
-    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
-        hs.worker_id is None
-    return not (hs.config.getoption("collectonly") or xdist_controller)
-
-
 def rank_server_for(hs) -> RankServer | None:
     """The run's rank server, started now (its imports overlap collection), where the run's
     ranks fork (:func:`rank_start`) and this process will run launches; else None."""
-    if rank_start(hs) != "fork" or not runs_launches(hs):
+    xdist_controller = bool(getattr(hs.config.option, "numprocesses", None)) and \
+        hs.worker_id is None
+    if rank_start(hs) != "fork" or hs.config.getoption("collectonly") or xdist_controller:
         return None
     return RankServer(hs.backend, run_env(hs.device, accelerations(hs).env())).start()
 

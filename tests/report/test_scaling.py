@@ -52,8 +52,7 @@ def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
 
 def test_the_model_takes_the_run_s_own_launches_per_gpu():
     """A run given ``--launches-per-gpu 8`` (lane_per_module off) ran its 2-rank pool in 8
-    lanes: the model's own host is predicted with 8, not the default 4 (which predicted
-    35.7 s for a 24.5 s run on one H200)."""
+    lanes: the model's own host is predicted with 8, not the default 4."""
     tasks = [_task(2, (2,), m, 1.0) for m in MODULES for _ in range(8)]  # 40 s
     meta = dict(tasks=tasks, launches=[_launch(2.0)], launches_per_gpu=8,
                 accelerations="all but lane_per_module")
