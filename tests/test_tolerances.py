@@ -388,3 +388,33 @@ def test_every_cpu_case_of_the_shipped_scenarios_has_a_population():
     gaps = coverage.uncovered(root, measured=gone, targets=cpu)
     assert gaps and all(b == "torch" and r == "bf16" for b, _, _, r, _, _ in gaps)
     assert "torch/cpu/gloo bf16 fp32_parity/loss:" in coverage.report(gaps)
+
+
+def test_superseded_samples_count_in_no_population():
+    """A sample the harness no longer measures the same way (``derive.SUPERSEDED``: TE
+    DelayedScaling's twin rows before its builds started from fresh amax histories) counts in
+    no population; the same quantity measured after it, another recipe or check, does."""
+    import pandas as pd
+
+    from harness.calibration import derive
+    (backend, recipe, checks, before, _), = derive.SUPERSEDED
+    after = (pd.Timestamp(before) + pd.Timedelta(hours=1)).isoformat()
+    earlier = (pd.Timestamp(before) - pd.Timedelta(hours=1)).isoformat()
+
+    def row(i, value, date, recipe=recipe, check=checks[0], quantity="loss"):
+        return dict(scenario="calibration_invariance", config="C", case_id=f"c{i}-{date}",
+                    check=check, quantity=quantity, recipe=recipe, metric="rel_l2",
+                    value=value, row_outcome="pass", module="Linear", backend=backend,
+                    device="cuda", mesh="dp4", pg_backend="gloo", tolerance=1.0,
+                    case_status="ok", date=date)
+    rows = [row(i, 1e-3, earlier) for i in range(10)] + [row(i, 1e-5, after) for i in range(10)]
+    rows += [row(i, 1e-3, earlier, recipe="current") for i in range(10)]
+    rows += [row(i, 1e-3, earlier, check="fp32_parity", quantity="params") for i in range(10)]
+    df = pd.DataFrame(rows)
+    assert list(derive.superseded(df)) == [True] * 10 + [False] * 30
+    assert derive.superseded(df.drop(columns="date")).sum() == 20  # no date: measured before
+    got = {(r["recipe"], r["check"]): r for r in derive.measured(df)
+           if r["module"] == "Linear"}
+    assert (got[(recipe, checks[0])]["n"], got[(recipe, checks[0])]["max"]) == (10, 1e-5)
+    assert got[("current", checks[0])]["n"] == 10
+    assert got[(recipe, "fp32_parity")]["n"] == 10

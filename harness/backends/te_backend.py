@@ -20,9 +20,10 @@ Modules: TE's own (``make``), LlamaStack of TE layers (``te_llama_stack.py``: a
 scenario names (harness/spec/models.py; it may build TE layers, ``ctx.backend == "te"``).
 
 Models follow TE's FSDP2 recipe: build on ``device="meta"`` under ``te.quantized_model_init``,
-``fully_shard`` each child then the root, ``reset_parameters()``; then the weights of an FP32 TE
-module of the same seed are loaded (``set_model_state_dict``, full state dict) so the FP32
-single-process reference -- the same TE module class, unquantized -- starts from the same values.
+``fully_shard`` each child then the root, ``reset_parameters()``; then, the DelayedScaling amax
+histories zeroed (``te_fresh_amax.py``), the weights of an FP32 TE module of the same seed are
+loaded (``set_model_state_dict``, full state dict) so the FP32 single-process reference -- the
+same TE module class, unquantized -- starts from the same values.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import functools
 
 import torch
 
-from harness.backends import te_global_state, te_init_scales
+from harness.backends import te_fresh_amax, te_global_state, te_init_scales
 from harness.backends.te_tp import BUNDLED
 from harness.backends.te_tp import tp_support as _tp_support
 from harness.backends.torch_backend import TorchBackend
@@ -164,6 +165,7 @@ class TEBackend(TorchBackend):
                 m.reset_parameters()
         materialize(model, device)
         parallel.retie(model, ties)  # TE's reset_parameters may re-register a tied alias
+        te_fresh_amax.reset(model)  # not the amax of TE's random init (te_fresh_amax.py)
         full = self.reference_model(case, seed, device).state_dict()
         if mesh_spec.tp > 1:  # plain TP shards (port piece dtensor_params off) take their slice
             full = _tp_local_full(model, full, mesh, mesh_spec)

@@ -25,7 +25,8 @@ previous calibration, which a new kind of case (a new module, mesh or reshard) h
 population in yet. ``python -m harness calibrate`` prints such rows (``beyond_previous``) for
 review: a change of the numerics shows there before it enters a tolerance. A training counts
 once: the train-phase rows a case carries from another case's train task (a shared train
-phase, harness/launch/task_graph.py) are that case's sample, not a second one.
+phase, harness/launch/task_graph.py) are that case's sample, not a second one. Samples taken
+before a change of what the harness measures (``SUPERSEDED``) count in no population.
 p99 is numpy's linear-interpolated 99th percentile, per loss (``catalog.TASK_LOSS``
 of the case's module: MSE layers and next-token models apart).
 """
@@ -61,6 +62,11 @@ POPULATION = ("backend", "device", "pg_backend", "config", "world_size", "module
 # measured at one configuration is no tolerance for another
 LEVELS = (("config", "module", "world_size"), ("config", "world_size"))
 EDGE_CHECKS = ("reshard",)  # checks whose world is the reshard's (source -> target)
+# samples the harness no longer measures the same way -- (backend, recipe, checks, measured
+# before (UTC, ISO), why) -- left out of every population
+SUPERSEDED = (("te", "delayed", (twin.CHECK,), "2026-11-29T04:30:00+00:00",
+               "TE's random init amax stayed in the build's amax histories: the twin and the "
+               "sharded run moved run to run (backends/te_fresh_amax.py)"),)
 
 
 def levels(check: str) -> tuple[tuple[str, ...], ...]:
@@ -144,6 +150,19 @@ def configs(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[str]:
     return out
 
 
+def superseded(df: pd.DataFrame, rules=SUPERSEDED) -> pd.Series:
+    """Which rows a ``SUPERSEDED`` rule leaves out: its backend, recipe and checks, measured
+    before its date (a row without a date: before every rule)."""
+    out = pd.Series(False, index=df.index)
+    dates = pd.to_datetime(df["date"], utc=True, errors="coerce") if "date" in df else None
+    for backend, recipe, checks, before, _ in rules:
+        old = (pd.Series(True, index=df.index) if dates is None or dates.isna().all()
+               else dates.isna() | (dates < pd.Timestamp(before)))
+        out |= (df["backend"] == backend) & (df["recipe"] == recipe) & \
+            df["check"].isin(checks) & old
+    return out
+
+
 def is_calibration(scenario) -> bool:
     """A scenario measured here: the calibration scenarios, or a run's calibration on demand."""
     return scenario in SCENARIOS or str(scenario).startswith(ON_DEMAND + "@")
@@ -162,7 +181,7 @@ def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
     if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
         broken |= set(run_cases(df[df["case_status"].isin(["error", "timeout", "crash"])]))
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail", UNJUDGED])]
-    rows = rows[~carried(rows, df)]  # one sample per training
+    rows = rows[~carried(rows, df) & ~superseded(rows)]  # one sample per training
     keep = [(c, q) in CALIBRATED and (rc, c) not in excluded and rc not in broken
             for rc, c, q in zip(run_cases(rows), rows["check"], rows["quantity"])]
     rows = rows[np.asarray(keep, dtype=bool)]  # (a list would select columns when empty)

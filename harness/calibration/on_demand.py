@@ -3,12 +3,11 @@
 A case's calibrated quantities (fp32_parity, sharding_invariance, reshard) take their tolerance
 from a population measured at the case's own configuration (``Case.numerics``: dims, steps, lr)
 -- never from one measured at another. Where ``measured.csv`` has none, the run measures one:
-clean variants of the case (:func:`variants`: seeds 1..MIN_N -- 1..3 MIN_N for a recipe whose
-training is not bit-reproducible run to run, :func:`seeds_for` -- no fault or mutant,
-every fix and workaround on, sync DCP, the calibrated checks only) run beside the matrix, their
-errors become populations exactly as the calibration scenario's do (``derive.measured``), and
-the case's unjudged rows are judged by them (:func:`rejudge`). The plugin caches the
-populations by configuration and software versions, so a later run pays nothing.
+clean variants of the case (:func:`variants`: seeds 1..MIN_N, no fault or mutant, every fix
+and workaround on, sync DCP, the calibrated checks only) run beside the matrix, their errors
+become populations exactly as the calibration scenario's do (``derive.measured``), and the
+case's unjudged rows are judged by them (:func:`rejudge`). The plugin caches the populations by
+configuration and software versions, so a later run pays nothing.
 
 A population measured from the code under test trusts that code, like any calibration. A coarse
 guard for fp32_parity -- whose populations are a recipe's quantization error, which a change of
@@ -36,11 +35,9 @@ from harness.spec import catalog
 
 SCENARIO = derive.ON_DEMAND  # the variants' scenario name prefix
 SEEDS = tuple(range(1, MIN_N + 1))
-# (backend, recipe) pairs whose training is not bit-reproducible run to run (docs/findings.md):
-# an error's tail is a seed's and a run's, and MIN_N samples under-state it (TE DelayedScaling's
-# twin loss: populations of 10-20 failed clean runs by up to 1.16x), so they take 3x the seeds
-NOT_REPRODUCIBLE = frozenset({("te", "delayed")})
-SEEDS_NOT_REPRODUCIBLE = tuple(range(1, 3 * MIN_N + 1))
+# what a variant measures: part of the cached populations' key, bumped when the harness's
+# numerics change (2: TE DelayedScaling builds start from fresh amax histories)
+VERSION = 2
 CHECKS = tuple(sorted({c for c, _ in CALIBRATED}))
 # extra axes set to their clean value in a variant: a sized bug, a TE mutant, a workaround
 # left out, a reference fix switched off are what a case tests, not its configuration
@@ -85,13 +82,6 @@ def missing(case, device: str, pg_backend: str,
 def scenario_of(case) -> str:
     """The variants' scenario: one per configuration, so ids never mix two configurations."""
     return f"{SCENARIO}@{case.numerics}"
-
-
-def seeds_for(case) -> tuple[int, ...]:
-    """The seeds of ``case``'s variants: MIN_N, or 3 MIN_N where its training is not
-    bit-reproducible run to run (``NOT_REPRODUCIBLE``)."""
-    return (SEEDS_NOT_REPRODUCIBLE if (case.backend, case.recipe) in NOT_REPRODUCIBLE
-            else SEEDS)
 
 
 def variants(case, seeds=SEEDS) -> list:

@@ -50,12 +50,11 @@ class OnDemand:
         self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
-        """The cache key of ``case``'s variants: configuration, population, versions, the
-        known failures their samples leave out and their seeds."""
+        """The cache key of ``case``'s variants: what a variant measures, configuration,
+        population, versions and the known failures their samples leave out."""
         v = on_demand.variants(case, seeds=(0,))[0]
-        seeds = on_demand.seeds_for(case)
-        text = json.dumps([v.scenario, v.backend, [a for a in v.axes if a[0] != "seed"],
-                           *([] if seeds == on_demand.SEEDS else [seeds]),
+        text = json.dumps([on_demand.VERSION, v.scenario, v.backend,
+                           [a for a in v.axes if a[0] != "seed"],
                            v.checks, [list(w) for w in v.workarounds], self.hs.device, pg,
                            self.versions, sorted(map(str, leave_out))], sort_keys=True,
                           default=str)
@@ -85,7 +84,7 @@ class OnDemand:
                     self._take(_pool(base), hit["rows"])
                     self.cached.add(key)
                 elif self.mode != "off":
-                    self.groups[key] = on_demand.variants(base, on_demand.seeds_for(base))
+                    self.groups[key] = on_demand.variants(base)
                     self.leave_out[key] = leave_out
         seen, out = set(), []
         for vs in self.groups.values():

@@ -24,8 +24,9 @@ Defaults and their reasoning (also in ``docs/report.md`` and ``python -m harness
   5 baseline runs carry it, then becomes the new normal.
 * ``growth = 4.0``: 4x is two binary orders of magnitude -- a real change in numerics rather
   than noise where a series repeats run to run (CPU runs, and most GPU recipes, are bit for bit
-  reproducible, so any growth is real there); a series that is not (TE DelayedScaling) varies
-  by far more than that from run to run, and its group's median judges it.
+  reproducible, so any growth is real there); a series that is not (TE DelayedScaling was, until
+  its builds started from fresh amax histories) varies by far more than that from run to run,
+  and its group's median judges it.
 * ``fraction = 0.5``: still passing with 2x headroom, so there is time to investigate before the
   nightly goes red; tolerances are set a few times above the observed error, so healthy series
   sit well below half of theirs.

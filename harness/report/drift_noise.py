@@ -1,7 +1,7 @@
 """Drift of series that are not bit-reproducible run to run, judged as a group.
 
 A series whose value changes from run to run with the code unchanged (TE DelayedScaling under
-FSDP2: docs/findings.md) cannot be judged point by point: its values spread over its whole
+FSDP2 did until its builds started from fresh amax histories: docs/findings.md) cannot be judged point by point: its values spread over its whole
 tolerance band by construction (a calibrated tolerance is 2x the p99 of a population that
 holds that noise), so "grew 4x over the baseline median" and "crossed half the tolerance" fire
 on noise -- 49-89 of one recipe's series a run, in runs of one commit. What drifts there is the
