@@ -156,6 +156,30 @@ def test_populations_from_variant_rows():
         tolerances.lookup("fp32_parity", "params", "bf16", measured=got, where=other)
 
 
+def test_a_runs_own_delayed_twin_variants_make_a_population():
+    """The rows of this run's variants carry no date, only the run id: TE DelayedScaling's twin
+    samples are superseded before the fresh-amax build (derive.SUPERSEDED), but a run's own
+    are measured now and make its population (they were dropped: unjudged on a GPU)."""
+    from datetime import datetime, timezone
+
+    from harness.calibration import derive
+    case = next(c for c in expand(load_scenario(SCENARIO.parent / "te_unseen_config.yaml"), "te")
+                if c.recipe == "delayed" and c.ax["fault"] == "none" and c.ax["mesh"] == "dp4")
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-00042-abcdef012345"
+    rows = []
+    for v in on_demand.variants(case):
+        res = [dict(phase="train", check="sharding_invariance", quantity="loss", metric=m,
+                    value=1e-5 * v.train.seed, outcome="unjudged", tolerance=math.nan)
+               for m in ("max_abs", "rel_l2")]
+        rows += on_demand.history_rows(v, res, "ok", "cuda", "gloo", run_id)
+    key = ("sharding_invariance", "loss", "delayed", "mse", "te", "cuda", "gloo", case.numerics,
+           "4", "LayerNormMLP", "rel_l2")
+    assert on_demand.populations(rows)[key]["n"] == 10
+    before = derive.SUPERSEDED[0][3].replace("-", "").replace(":", "")[:15]
+    old = [dict(r, run_id=f"{before[:8]}T000000-00042-abcdef012345") for r in rows]
+    assert key not in on_demand.populations(old)
+
+
 def test_a_registered_failure_is_never_sampled_nor_planned():
     """A strict failure a case's xfail entries name, or one of a producer a check needs, has no
     clean sample (the bug is in every variant): left out of the samples, judged by the entry."""

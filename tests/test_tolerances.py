@@ -412,7 +412,12 @@ def test_superseded_samples_count_in_no_population():
     rows += [row(i, 1e-3, earlier, check="fp32_parity", quantity="params") for i in range(10)]
     df = pd.DataFrame(rows)
     assert list(derive.superseded(df)) == [True] * 10 + [False] * 30
-    assert derive.superseded(df.drop(columns="date")).sum() == 20  # no date: measured before
+    assert derive.superseded(df.drop(columns="date")).sum() == 20  # no time known: before
+    # a run's calibration on demand has no date: its run id's timestamp (UTC) says when
+    stamp = {earlier: pd.Timestamp(earlier).strftime("%Y%m%dT%H%M%S"),
+             after: pd.Timestamp(after).strftime("%Y%m%dT%H%M%S")}
+    runs = df.assign(run_id=[f"{stamp[d]}-00042-abcdef" for d in df["date"]])
+    assert list(derive.superseded(runs.drop(columns="date"))) == [True] * 10 + [False] * 30
     got = {(r["recipe"], r["check"]): r for r in derive.measured(df)
            if r["module"] == "Linear"}
     assert (got[(recipe, checks[0])]["n"], got[(recipe, checks[0])]["max"]) == (10, 1e-5)

@@ -150,14 +150,27 @@ def configs(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[str]:
     return out
 
 
+def measured_at(df: pd.DataFrame) -> pd.Series:
+    """When each row was measured (UTC): its ``date``, else its run id's timestamp (run ids
+    begin ``%Y%m%dT%H%M%S``: a run's calibration on demand carries no date); NaT: neither."""
+    def parse(values, **kw):
+        return pd.Series(pd.to_datetime(values, utc=True, errors="coerce", **kw),
+                         index=df.index)
+    none = pd.Series(pd.NaT, index=df.index, dtype="datetime64[ns, UTC]")
+    dates = parse(df["date"]) if "date" in df else none
+    if "run_id" in df:
+        runs = parse(df["run_id"].astype("string").str.slice(0, 15), format="%Y%m%dT%H%M%S")
+        dates = dates.fillna(runs)
+    return dates
+
+
 def superseded(df: pd.DataFrame, rules=SUPERSEDED) -> pd.Series:
     """Which rows a ``SUPERSEDED`` rule leaves out: its backend, recipe and checks, measured
-    before its date (a row without a date: before every rule)."""
+    before its date (:func:`measured_at`; a row with no time known: before every rule)."""
     out = pd.Series(False, index=df.index)
-    dates = pd.to_datetime(df["date"], utc=True, errors="coerce") if "date" in df else None
+    when = measured_at(df)
     for backend, recipe, checks, before, _ in rules:
-        old = (pd.Series(True, index=df.index) if dates is None or dates.isna().all()
-               else dates.isna() | (dates < pd.Timestamp(before)))
+        old = when.isna() | (when < pd.Timestamp(before))
         out |= (df["backend"] == backend) & (df["recipe"] == recipe) & \
             df["check"].isin(checks) & old
     return out
