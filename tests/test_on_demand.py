@@ -160,7 +160,7 @@ def test_a_runs_own_delayed_twin_variants_make_a_population():
     """The rows of this run's variants carry no date, only the run id: TE DelayedScaling's twin
     samples are superseded before the fresh-amax build (derive.SUPERSEDED), but a run's own
     are measured now and make its population (they were dropped: unjudged on a GPU)."""
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
     from harness.calibration import derive
     case = next(c for c in expand(load_scenario(SCENARIO.parent / "te_unseen_config.yaml"), "te")
@@ -175,8 +175,9 @@ def test_a_runs_own_delayed_twin_variants_make_a_population():
     key = ("sharding_invariance", "loss", "delayed", "mse", "te", "cuda", "gloo", case.numerics,
            "4", "LayerNormMLP", "rel_l2")
     assert on_demand.populations(rows)[key]["n"] == 10
-    before = derive.SUPERSEDED[0][3].replace("-", "").replace(":", "")[:15]
-    old = [dict(r, run_id=f"{before[:8]}T000000-00042-abcdef012345") for r in rows]
+    earlier = datetime.fromisoformat(derive.SUPERSEDED[0][3]) - timedelta(hours=1)
+    old = [dict(r, run_id=earlier.strftime("%Y%m%dT%H%M%S") + "-00042-abcdef012345")
+           for r in rows]
     assert key not in on_demand.populations(old)
 
 
