@@ -392,8 +392,9 @@ def test_every_cpu_case_of_the_shipped_scenarios_has_a_population():
 
 def test_superseded_samples_count_in_no_population():
     """A sample the harness no longer measures the same way (``derive.SUPERSEDED``: TE
-    DelayedScaling's twin rows before its builds started from fresh amax histories) counts in
-    no population; the same quantity measured after it, another recipe or check, does."""
+    DelayedScaling's twin and fp32_parity rows before its builds started from fresh amax
+    histories) counts in no population; the same quantity measured after it, another recipe or
+    check, does."""
     import pandas as pd
 
     from harness.calibration import derive
@@ -409,7 +410,7 @@ def test_superseded_samples_count_in_no_population():
                     case_status="ok", date=date)
     rows = [row(i, 1e-3, earlier) for i in range(10)] + [row(i, 1e-5, after) for i in range(10)]
     rows += [row(i, 1e-3, earlier, recipe="current") for i in range(10)]
-    rows += [row(i, 1e-3, earlier, check="fp32_parity", quantity="params") for i in range(10)]
+    rows += [row(i, 1e-3, earlier, check="reshard", quantity="next_loss") for i in range(10)]
     df = pd.DataFrame(rows)
     assert list(derive.superseded(df)) == [True] * 10 + [False] * 30
     assert derive.superseded(df.drop(columns="date")).sum() == 20  # no time known: before
@@ -422,4 +423,5 @@ def test_superseded_samples_count_in_no_population():
            if r["module"] == "Linear"}
     assert (got[(recipe, checks[0])]["n"], got[(recipe, checks[0])]["max"]) == (10, 1e-5)
     assert got[("current", checks[0])]["n"] == 10
-    assert got[(recipe, "fp32_parity")]["n"] == 10
+    assert got[(recipe, "reshard")]["n"] == 10
+    assert set(checks) == {"sharding_invariance", "fp32_parity"}  # both measured anew since
