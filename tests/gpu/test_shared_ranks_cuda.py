@@ -1,11 +1,11 @@
 """Ranks sharing a GPU give the recorded outcomes and measurements (GPU with TE; skips without).
 
 Runs a few TE cases with every rank on a shared GPU over gloo (``--gpu-share always``), as a
-user would (pytest with the plugin, in a subprocess), and compares them with the committed
-shared run of the same cases (tests/fixtures/gpu/h100x1-te2.20.2-invariance: those cases' rows
-of a whole-matrix run with the current_scale_group workaround): each case's
-outcome and -- where this GPU is the recorded one's model and TE the recorded version -- each
-check's element counts exactly and its other measurements and the losses closely. The cases are
+user would (pytest with the plugin, in a subprocess), and compares them with a committed shared
+run of the same cases (tests/fixtures/gpu/: one H100's rows of a whole-matrix run, one H200's
+run of these cases alone): each case's outcome and -- against the recording of this GPU model
+and TE version, where there is one -- each check's element counts exactly and its other
+measurements and the losses closely. The cases are
 bf16 and Float8CurrentScaling; a 4-rank TP case through the #2713 port is among them.
 """
 
@@ -16,8 +16,10 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "tests" / "fixtures" / "gpu" / "h100x1-te2.20.2-invariance"
-RECORDED_RUN = "20261125T205134-02617-4bf33e48d1d2"
+FIXTURES = ROOT / "tests" / "fixtures" / "gpu"
+# the recordings: (directory, run id); each holds its GPU model and TE version in its rows
+RECORDINGS = (("h100x1-te2.20.2-invariance", "20261125T205134-02617-4bf33e48d1d2"),
+              ("h200x1-te2.20.2-shared", "20261129T080146-00572-c7810fc3e919"))
 CASES = ["bf16-dp2-Linear-sync-none", "current-dp2-LayerNormMLP-sync-to_hsdp2x1",
          "current-dp2-Linear-async_thread-none", "current-dp2xtp2-LayerNormMLP-sync-none"]
 KEY = ["case_id", "check", "quantity", "metric"]
@@ -38,10 +40,20 @@ def shared_run(require_te, run_te_matrix):  # tests/gpu/conftest.py
     return summary, history
 
 
-def _recorded():
-    summary = pd.read_csv(RECORDED / "runs" / RECORDED_RUN / "summary.csv")
-    history = pd.read_parquet(RECORDED / "history" / f"{RECORDED_RUN}.parquet")
+def _recorded(which: int = 0):
+    directory, run = RECORDINGS[which]
+    summary = pd.read_csv(FIXTURES / directory / "runs" / run / "summary.csv")
+    history = pd.read_parquet(FIXTURES / directory / "history" / f"{run}.parquet")
     return summary, history
+
+
+def _recording_of(gpu: str, te: str):
+    """The recording made on this GPU model with this TE version, else None."""
+    for i in range(len(RECORDINGS)):
+        summary, history = _recorded(i)
+        if (history.gpu_name.iloc[0], history.te_version.iloc[0]) == (gpu, te):
+            return summary, history
+    return None
 
 
 def _measured(history):
@@ -75,13 +87,14 @@ def test_measured_values_are_the_recorded_ones(shared_run):
     digits) -- values measured against the FP32 reference, recomputed in each run; the
     round trips' element counts were equal."""
     _, history = shared_run
-    _, recorded = _recorded()
     gpu, te = history.gpu_name.iloc[0], history.te_version.iloc[0]
-    rec_gpu, rec_te = recorded.gpu_name.iloc[0], recorded.te_version.iloc[0]
-    if (gpu, te) != (rec_gpu, rec_te):
-        pytest.skip(f"recorded on {rec_gpu} with TE {rec_te}, this is {gpu} with TE {te}: "
-                    "values are compared on the recorded GPU model and TE version only")
-    got, want = _measured(history), _measured(recorded)
+    recording = _recording_of(gpu, te)
+    if recording is None:
+        recorded = sorted({(h.gpu_name.iloc[0], h.te_version.iloc[0])
+                           for h in (_recorded(i)[1] for i in range(len(RECORDINGS)))})
+        pytest.skip(f"recorded on {recorded}, this is {gpu} with TE {te}: values are compared "
+                    "on a recorded GPU model and TE version only")
+    got, want = _measured(history), _measured(recording[1])
     # checks added to the scenario since the recording (sharding_invariance) have nothing to
     # compare with; every check the recording has must still be there
     checks = set(want.index.get_level_values("check"))
@@ -100,10 +113,15 @@ def _mismatches(got, want) -> pd.DataFrame:
     return pd.DataFrame({"now": got[exact | close], "recorded": want[exact | close]})
 
 
-def test_the_comparison_sees_a_changed_count_and_a_moved_value():
-    """CPU: the recorded run against itself has no mismatch; one more differing element, or
-    a measurement moved by 2e-4 of itself, is one."""
-    want = _measured(_recorded()[1])
+@pytest.mark.parametrize("which", range(len(RECORDINGS)), ids=[d for d, _ in RECORDINGS])
+def test_the_comparison_sees_a_changed_count_and_a_moved_value(which):
+    """CPU: each recording against itself has no mismatch; one more differing element, or a
+    measurement moved by 2e-4 of itself, is one. Every recording holds the four cases, all
+    passed, on one GPU model and TE version."""
+    summary, history = _recorded(which)
+    assert sorted(summary.case_id) == sorted(_ids(CASES)) and set(summary.case_outcome) == {"passed"}
+    assert history.gpu_name.nunique() == 1 and history.te_version.nunique() == 1
+    want = _measured(history)
     assert _mismatches(want.copy(), want).empty
     count = want.index[want.index.get_level_values("metric") == "n_diff"][0]
     value = want.index[(want.index.get_level_values("metric") == "rel_l2") & (want > 0)][0]
