@@ -119,7 +119,8 @@ def test_the_comparison_sees_a_changed_count_and_a_moved_value(which):
     measurement moved by 2e-4 of itself, is one. Every recording holds the four cases, all
     passed, on one GPU model and TE version."""
     summary, history = _recorded(which)
-    assert sorted(summary.case_id) == sorted(_ids(CASES)) and set(summary.case_outcome) == {"passed"}
+    assert sorted(summary.case_id) == sorted(_ids(CASES))
+    assert set(summary.case_outcome) == {"passed"}
     assert history.gpu_name.nunique() == 1 and history.te_version.nunique() == 1
     want = _measured(history)
     assert _mismatches(want.copy(), want).empty
