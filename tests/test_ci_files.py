@@ -1,5 +1,6 @@
 """The nightly GPU workflow and the Slurm script stay consistent with the scenarios."""
 
+import shlex
 from pathlib import Path
 
 import yaml
@@ -39,11 +40,67 @@ def test_slurm_script_uses_the_multinode_options():
         assert opt in text
 
 
+SIDE_BY_SIDE = "bash ci/side_by_side.sh"
+
+
 def _ci_commands() -> list[str]:
-    """.ci/run's commands, continuation lines joined, comments dropped."""
+    """.ci/run's commands, continuation lines joined, comments dropped; each command that
+    ci/side_by_side.sh runs is a command of its own."""
     text = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
-    return [" ".join(ln.split()) for ln in text.splitlines()
-            if ln.strip() and not ln.strip().startswith("#")]
+    lines = [" ".join(ln.split()) for ln in text.splitlines()
+             if ln.strip() and not ln.strip().startswith("#")]
+    out = []
+    for ln in lines:
+        if ln.startswith(SIDE_BY_SIDE):
+            out += [" ".join(c.split()) for c in shlex.split(ln[len(SIDE_BY_SIDE):])]
+        else:
+            out.append(ln)
+    return out
+
+
+def test_side_by_side_shows_every_log_in_order_and_fails_if_any_command_fails():
+    """ci/side_by_side.sh (.ci/run's two scenario runs): the logs in the order given, whichever
+    ends first; exit 1 if any command failed, 0 if none did."""
+    import subprocess
+    script = str(ROOT / "ci" / "side_by_side.sh")
+
+    def run(*cmds):
+        p = subprocess.run(["bash", script, *cmds], capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stdout
+
+    rc, out = run("sleep 1; echo first", "echo second")
+    assert rc == 0 and out.index("first") < out.index("second"), out
+    rc, out = run("echo ok", "echo broken; exit 3")
+    assert rc == 1 and "ok" in out and "broken" in out and "a command failed" in out
+    assert run("exit 2", "true")[0] == 1
+    # stopped, it stops its commands: nothing outlives it
+    import os
+    import signal
+    import time
+    marker = f"{317 + os.getpid() % 100}.5"
+    p = subprocess.Popen(["bash", script, f"sleep {marker}", "true"])
+    deadline = time.monotonic() + 10
+    while not _sleeping(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sleeping(marker)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) != 0
+    deadline = time.monotonic() + 5
+    while _sleeping(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _sleeping(marker)
+
+
+def _sleeping(marker: str) -> bool:
+    """A ``sleep MARKER`` process is alive (read from /proc)."""
+    from pathlib import Path as P
+    for d in P("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def test_ci_ends_with_the_readme_test_command():
