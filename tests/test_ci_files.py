@@ -93,8 +93,7 @@ def test_side_by_side_shows_every_log_in_order_and_fails_if_any_command_fails():
 
 def _sleeping(marker: str) -> bool:
     """A ``sleep MARKER`` process is alive (read from /proc)."""
-    from pathlib import Path as P
-    for d in P("/proc").iterdir():
+    for d in Path("/proc").iterdir():
         try:
             if d.name.isdigit() and (d / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
                 return True

@@ -47,13 +47,10 @@ def _recorded(which: int = 0):
     return summary, history
 
 
-def _recording_of(gpu: str, te: str):
-    """The recording made on this GPU model with this TE version, else None."""
-    for i in range(len(RECORDINGS)):
-        summary, history = _recorded(i)
-        if (history.gpu_name.iloc[0], history.te_version.iloc[0]) == (gpu, te):
-            return summary, history
-    return None
+def _recordings_by_machine() -> dict:
+    """Every recording, by the (GPU model, TE version) it was made on."""
+    return {(h.gpu_name.iloc[0], h.te_version.iloc[0]): (s, h)
+            for s, h in map(_recorded, range(len(RECORDINGS)))}
 
 
 def _measured(history):
@@ -88,13 +85,11 @@ def test_measured_values_are_the_recorded_ones(shared_run):
     round trips' element counts were equal."""
     _, history = shared_run
     gpu, te = history.gpu_name.iloc[0], history.te_version.iloc[0]
-    recording = _recording_of(gpu, te)
-    if recording is None:
-        recorded = sorted({(h.gpu_name.iloc[0], h.te_version.iloc[0])
-                           for h in (_recorded(i)[1] for i in range(len(RECORDINGS)))})
-        pytest.skip(f"recorded on {recorded}, this is {gpu} with TE {te}: values are compared "
-                    "on a recorded GPU model and TE version only")
-    got, want = _measured(history), _measured(recording[1])
+    recordings = _recordings_by_machine()
+    if (gpu, te) not in recordings:
+        pytest.skip(f"recorded on {sorted(recordings)}, this is {gpu} with TE {te}: values are "
+                    "compared on a recorded GPU model and TE version only")
+    got, want = _measured(history), _measured(recordings[gpu, te][1])
     # checks added to the scenario since the recording (sharding_invariance) have nothing to
     # compare with; every check the recording has must still be there
     checks = set(want.index.get_level_values("check"))
