@@ -411,17 +411,22 @@ def test_superseded_samples_count_in_no_population():
     rows = [row(i, 1e-3, earlier) for i in range(10)] + [row(i, 1e-5, after) for i in range(10)]
     rows += [row(i, 1e-3, earlier, recipe="current") for i in range(10)]
     rows += [row(i, 1e-3, earlier, check="reshard", quantity="next_loss") for i in range(10)]
+    # every check of the rule: its second (fp32_parity) too, before and after
+    rows += [row(i, 1e-3, earlier, check=checks[1], quantity="params") for i in range(10)]
+    rows += [row(i, 1e-5, after, check=checks[1], quantity="params") for i in range(10)]
     df = pd.DataFrame(rows)
-    assert list(derive.superseded(df)) == [True] * 10 + [False] * 30
-    assert derive.superseded(df.drop(columns="date")).sum() == 20  # no time known: before
+    assert list(derive.superseded(df)) == [True] * 10 + [False] * 30 + [True] * 10 + [False] * 10
+    assert derive.superseded(df.drop(columns="date")).sum() == 40  # no time known: before
     # a run's calibration on demand has no date: its run id's timestamp (UTC) says when
     stamp = {earlier: pd.Timestamp(earlier).strftime("%Y%m%dT%H%M%S"),
              after: pd.Timestamp(after).strftime("%Y%m%dT%H%M%S")}
     runs = df.assign(run_id=[f"{stamp[d]}-00042-abcdef" for d in df["date"]])
-    assert list(derive.superseded(runs.drop(columns="date"))) == [True] * 10 + [False] * 30
+    assert list(derive.superseded(runs.drop(columns="date"))) == \
+        [True] * 10 + [False] * 30 + [True] * 10 + [False] * 10
     got = {(r["recipe"], r["check"]): r for r in derive.measured(df)
            if r["module"] == "Linear"}
     assert (got[(recipe, checks[0])]["n"], got[(recipe, checks[0])]["max"]) == (10, 1e-5)
     assert got[("current", checks[0])]["n"] == 10
     assert got[(recipe, "reshard")]["n"] == 10
+    assert (got[(recipe, checks[1])]["n"], got[(recipe, checks[1])]["max"]) == (10, 1e-5)
     assert set(checks) == {"sharding_invariance", "fp32_parity"}  # both measured anew since
