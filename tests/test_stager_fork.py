@@ -26,7 +26,8 @@ from harness.worker import stager_fork
 os.environ["MARK"] = "the rank's environment"
 os.nice(3)
 p = stager_fork.context(sys.argv[1]).Process(target=exec, args=(
-    "import os, time; print(os.environ['MARK'], os.nice(0), flush=True); time.sleep(120)",))
+    "import os, time; print(os.environ['MARK'], os.nice(0), "
+    "repr(os.environ.get('CUDA_VISIBLE_DEVICES')), flush=True); time.sleep(120)",))
 p.start()
 print(p.pid, flush=True)
 time.sleep(120)
@@ -41,11 +42,14 @@ def _wait(cond, timeout_s: float) -> bool:
 
 
 @pytest.mark.integration
-def test_a_forked_stager_is_its_ranks_and_dies_with_it(tmp_path):
+@pytest.mark.parametrize("layers, gpus", [("all", "''"), ("all,-stager_no_gpu", "'0'")])
+def test_a_forked_stager_is_its_ranks_and_dies_with_it(tmp_path, layers, gpus):
+    """... and sees no GPU (layer stager_no_gpu): DCP's writer in it then needs no CUDA
+    context of its own."""
     server = RankServer("torch", run_env("cpu", {})).start()
     log = tmp_path / "rank0.log"
     env = {**os.environ, stager_fork.SERVER_VAR: server.address, "RANK": "0",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "0", "HARNESS_ACCELERATIONS": layers}
     rank = subprocess.Popen([sys.executable, "-c", RANK, str(log)], env=env,
                             stdout=subprocess.PIPE, text=True)
     stager = None
@@ -53,7 +57,8 @@ def test_a_forked_stager_is_its_ranks_and_dies_with_it(tmp_path):
         stager = int(rank.stdout.readline())
         assert _wait(lambda: log.exists() and "environment" in log.read_text(), 60), \
             log.read_text() if log.exists() else "no log"
-        assert log.read_text().split("\n")[0] == "the rank's environment 3"  # env, nice, log
+        # env, nice, log; no GPU where the layer is on
+        assert log.read_text().split("\n")[0] == f"the rank's environment 3 {gpus}"
         assert Path(f"/proc/{stager}/comm").read_text().strip().startswith("harness-stager")
         assert os.getppid() != stager and procs.alive(stager)
         rank.kill()  # SIGKILL: no clean-up code runs in the rank

@@ -16,9 +16,10 @@ NCCL moves measurably from the gloo run it continues, and would be judged by NCC
 though recorded as gloo.
 
 How many launches share a GPU follows from the ranks each puts on it: every rank is a process
-with its own CUDA context, caching allocator and (async_process saves) a stager; too many of
-them run a GPU out of memory in async_process saves (cudaErrorMemoryAllocation). So a GPU holds
-at most ``MAX_RANKS_PER_GPU`` ranks of concurrent launches.
+with its own CUDA context and caching allocator (and, where its async_process stager sees the
+GPU -- the ``stager_no_gpu`` layer off -- a stager with a context of its own); too many of them
+ran a GPU out of memory in async_process saves (cudaErrorMemoryAllocation). So a GPU holds at
+most ``MAX_RANKS_PER_GPU`` ranks of concurrent launches.
 """
 
 from __future__ import annotations

@@ -42,10 +42,10 @@ def accelerations(hs) -> layers.Accelerations:
     (``Launcher.speed``, ``layers.active``)."""
     acc = chosen(hs.config)
     if rank_start(hs) != "fork":
-        acc = acc.without("rank_server", "stager_fork")
+        acc = acc.without("rank_server", "stager_fork", "stager_no_gpu")
     if hs.device != "cuda":
-        acc = acc.without("stager_prestart", "lane_per_module", "lanes_per_gpu", "pool_lanes",
-                          "cpu_priority")
+        acc = acc.without("stager_prestart", "stager_no_gpu", "lane_per_module",
+                          "lanes_per_gpu", "pool_lanes", "cpu_priority")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
     if getattr(hs.config, "cache", None) is None:

@@ -38,6 +38,10 @@ LAYERS = (
           "node"),
     Layer("stager_fork", "a rank's DCP async_process stager forks from the rank server; plain: "
           "DCP spawns it", "worker/stager_fork.py", "no rank server"),
+    Layer("stager_no_gpu", "a forked stager sees no GPU (CUDA_VISIBLE_DEVICES empty): DCP's "
+          "file writer then reads the staged CPU copies without a CUDA stream; plain: each "
+          "stager's first save makes a CUDA context of its own to ask for its current stream",
+          "worker/stager_fork.py (_become)", "no rank server; CPU runs"),
     Layer("stager_prestart", "GPU launches that may run an async_process save start DCP's stager "
           "with the ranks; plain: at the first such save", "launch/launcher.py (expect)",
           "CPU runs"),

@@ -61,7 +61,8 @@ class ServerContext:
         p = StagerProcess(*args, **kwargs)
         p.setup = dict(address=self.address, env=dict(os.environ), nice=os.nice(0),
                        rank_pid=os.getpid(), log=self.log_path,
-                       name=f"harness-stager{os.environ.get('RANK', '')}")
+                       name=f"harness-stager{os.environ.get('RANK', '')}",
+                       no_gpu=layers.active("stager_no_gpu"))
         return p
 
 
@@ -135,6 +136,12 @@ def _become(setup: dict) -> None:
     tether.set_name(setup["name"])
     tether.die_with(setup["rank_pid"])
     adopt(setup["env"], setup["log"])
+    if setup.get("no_gpu"):
+        # The stager writes the CPU copies DCP staged in the rank; seeing a GPU, DCP's
+        # FileSystemWriter asks torch.cuda for a stream (_OverlappingCpuLoader) and so makes a
+        # CUDA context per stager on its first save: seconds each under load, as the host's
+        # contexts start one after another, and GPU memory held until the launch ends.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.nice(max(0, setup["nice"] - os.nice(0)))
 
 
