@@ -78,6 +78,23 @@ def test_forked_ranks_give_the_fresh_ranks_results_bit_for_bit(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_stager_not_started_with_the_launch_forks_at_the_first_save(tmp_path, monkeypatch):
+    """CPU runs start no stager with the launch (its plan says none: ``stager_prestart`` is
+    GPU only): the first async_process save starts it from the server too, instead of DCP
+    spawning a fresh Python that imports torch (tens of seconds on a busy 2-core host)."""
+    from harness.launch import launch_dir
+    monkeypatch.setattr(launch_dir, "stager_worlds", lambda cases: set())
+    server = RankServer("torch", run_env("cpu", {})).start()
+    try:
+        result, lines, log, _ = _run(tmp_path, "lazy", server)
+    finally:
+        server.stop()
+    plan = json.loads(next((tmp_path / "lazy").glob("*/plan.json")).read_text())
+    assert plan["stager"] is False and result.status == "ok", (result.errors, log)
+    assert [t["stager"] for t in lines] == ["forked"] * 2, lines
+
+
+@pytest.mark.integration
 def test_a_server_whose_imports_failed_starts_fresh_ranks(tmp_path):
     """The preload is never fatal: every agent says why and runs torchrun's fresh ranks."""
     server = RankServer("no_such_backend", run_env("cpu", {})).start()

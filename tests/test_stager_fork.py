@@ -119,3 +119,22 @@ def test_prestart_spawns_the_stager_where_the_server_forks_none(monkeypatch, tmp
     assert isinstance(ape._CHECKPOINT_PROCESS, FakeStager) and ape.mp is torch.multiprocessing
     (how,) = stager.HOW
     assert how.startswith("spawned (the rank server's socket ") and "none" in how, how
+
+
+def test_the_first_save_starts_the_stager_from_the_context_unless_one_started(monkeypatch):
+    """Where no stager started with the launch, the first async_process save starts it from
+    the rank server's context (:func:`stager.start`); without a context DCP starts it itself,
+    and a started one is never started again."""
+    from harness.distributed import stager
+    calls = []
+    monkeypatch.setattr(stager, "prestart", lambda group, context=None: calls.append(group))
+    monkeypatch.setattr(stager, "_thread", None)
+    monkeypatch.setattr(stager, "_context", None)
+    stager.start("group")
+    assert calls == []  # no rank server: DCP spawns it as usual
+    stager.use("the server's context")
+    stager.start("group")
+    assert calls == ["group"]
+    monkeypatch.setattr(stager, "_thread", "started")
+    stager.start("group")
+    assert calls == ["group"]

@@ -65,6 +65,7 @@ def save(run, path: Path, mode: str, async_group=None, storage_writer=None):
             return None
         if mode == "async_process":
             from harness.distributed import stager
+            stager.start(async_group)
             stager.wait(timeout_s=run.case.timeout_s)
         handle = dcp.async_save(state, checkpoint_id=str(path), process_group=async_group,
                                 storage_writer=storage_writer,

@@ -6,10 +6,11 @@ and reuses it afterwards. When a launch's plan has such saves, the worker starts
 a background thread right after its process groups are up, so the spawn overlaps the first
 cases instead of stalling the first async_process save. It uses DCP's own executor state
 (``_async_process_executor``); if that private API is not there, nothing is pre-started and DCP
-starts the process lazily as usual. Where the caller gives a ``context`` (the worker's, when the
-run's rank server can fork the stager: ``worker/stager_fork.py``), DCP's constructor gets it in
-place of ``multiprocessing``'s spawn context; where that context cannot start the process, the
-stager is spawned as DCP does.
+starts the process lazily as usual. Where the run's rank server can fork the stager (the
+context the worker gives :func:`use`: ``worker/stager_fork.py``), DCP's constructor gets it in
+place of ``multiprocessing``'s spawn context -- with the launch, or at the first async_process
+save where the stager does not start with the launch (:func:`start`: CPU runs); where that
+context cannot start the process, the stager is spawned as DCP does.
 """
 
 from __future__ import annotations
@@ -19,17 +20,35 @@ import threading
 
 _thread: threading.Thread | None = None
 _error: list = []
+_context = None  # the rank server's multiprocessing context for this rank's stager (use())
 
 
 HOW: list = []  # how this rank's stager started: "forked" / "spawned (why)"
 
 
+def use(context) -> None:
+    """The context this rank's stager starts from (``worker/stager_fork.py``; None: DCP's
+    spawn), whether it starts with the launch (:func:`prestart`) or at the first
+    async_process save (:func:`start`)."""
+    global _context
+    _context = context
+
+
+def start(group) -> None:
+    """At an async_process save: where the rank server can fork the stager and none was
+    started, start it now (collective over ``group``, as DCP's own first save is) -- else DCP
+    would spawn a fresh Python that imports torch. Without a context DCP starts it as usual."""
+    if _context is not None and _thread is None:
+        prestart(group)
+
+
 def prestart(group, context=None) -> bool:
     """Collective over ``group`` (the async-save group): agree on the stagers' rendezvous,
-    then start this rank's stager in the background -- from ``context`` where given (where
-    it cannot start one it raises an ``OSError`` with ``no_process`` set: then spawned).
-    Returns whether it was started."""
+    then start this rank's stager in the background -- from ``context`` (default: the one
+    :func:`use` set) where given (where it cannot start one it raises an ``OSError`` with
+    ``no_process`` set: then spawned). Returns whether it was started."""
     global _thread
+    context = _context if context is None else context
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape
         if ape._CHECKPOINT_PROCESS is not None or not hasattr(ape, "_AsyncCheckpointProcess"):

@@ -161,10 +161,11 @@ def _init(plan: dict, timeline: dict, log_path: str):
                                     for name, (group, _) in groups.items()}
     torch.use_deterministic_algorithms(True, warn_only=True)
     timeline["process_group"] = time.time()
+    from harness.distributed import stager
+    from harness.worker import stager_fork
+    stager.use(stager_fork.context(log_path))  # forked where the rank server can
     if plan.get("stager"):  # the launch may run async_process saves (fed ones too)
-        from harness.distributed import stager
-        from harness.worker import stager_fork
-        stager.prestart(async_group, stager_fork.context(log_path))
+        stager.prestart(async_group)
     backend = backends.get(plan["backend"])
     backend.preload()  # the library under test (TE) imports here, not inside the first case
     timeline["backend"] = time.time()
