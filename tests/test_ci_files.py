@@ -1,10 +1,15 @@
 """The nightly GPU workflow and the Slurm script stay consistent with the scenarios."""
 
+import os
 import shlex
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import yaml
 
+from harness.launch import procs
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
 
@@ -61,7 +66,6 @@ def _ci_commands() -> list[str]:
 def test_side_by_side_shows_every_log_in_order_and_fails_if_any_command_fails():
     """ci/side_by_side.sh (.ci/run's two scenario runs): the logs in the order given, whichever
     ends first; exit 1 if any command failed, 0 if none did."""
-    import subprocess
     script = str(ROOT / "ci" / "side_by_side.sh")
 
     def run(*cmds):
@@ -74,9 +78,6 @@ def test_side_by_side_shows_every_log_in_order_and_fails_if_any_command_fails():
     assert rc == 1 and "ok" in out and "broken" in out and "a command failed" in out
     assert run("exit 2", "true")[0] == 1
     # stopped, it stops its commands: nothing outlives it
-    import os
-    import signal
-    import time
     marker = f"{317 + os.getpid() % 100}.5"
     p = subprocess.Popen(["bash", script, f"sleep {marker}", "true"])
     deadline = time.monotonic() + 10
@@ -93,13 +94,8 @@ def test_side_by_side_shows_every_log_in_order_and_fails_if_any_command_fails():
 
 def _sleeping(marker: str) -> bool:
     """A ``sleep MARKER`` process is alive (read from /proc)."""
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and (d / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
-                return True
-        except OSError:
-            continue
-    return False
+    return any(procs.cmdline(int(d.name)) == f"sleep {marker}"
+               for d in Path("/proc").iterdir() if d.name.isdigit())
 
 
 def test_ci_ends_with_the_readme_test_command():

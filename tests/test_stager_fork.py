@@ -112,8 +112,9 @@ def test_prestart_spawns_the_stager_where_the_server_forks_none(monkeypatch, tmp
     monkeypatch.setattr(ape, "_CHECKPOINT_PROCESS", None)
     monkeypatch.setattr(stager, "HOW", [])
     monkeypatch.setattr(stager, "_thread", None)
-    ctx = stager_fork.ServerContext(str(tmp_path / "none"), str(tmp_path / "log"))
-    assert stager.prestart(None, ctx)
+    monkeypatch.setattr(stager, "_context", stager_fork.ServerContext(
+        str(tmp_path / "none"), str(tmp_path / "log")))
+    assert stager.prestart(None)
     stager.wait(10)
     assert asked == ["ServerContext", "SpawnContext"]
     assert isinstance(ape._CHECKPOINT_PROCESS, FakeStager) and ape.mp is torch.multiprocessing
@@ -127,7 +128,7 @@ def test_the_first_save_starts_the_stager_from_the_context_unless_one_started(mo
     and a started one is never started again."""
     from harness.distributed import stager
     calls = []
-    monkeypatch.setattr(stager, "prestart", lambda group, context=None: calls.append(group))
+    monkeypatch.setattr(stager, "prestart", lambda group: calls.append(group))
     monkeypatch.setattr(stager, "_thread", None)
     monkeypatch.setattr(stager, "_context", None)
     stager.start("group")

@@ -42,13 +42,12 @@ def start(group) -> None:
         prestart(group)
 
 
-def prestart(group, context=None) -> bool:
+def prestart(group) -> bool:
     """Collective over ``group`` (the async-save group): agree on the stagers' rendezvous,
-    then start this rank's stager in the background -- from ``context`` (default: the one
-    :func:`use` set) where given (where it cannot start one it raises an ``OSError`` with
+    then start this rank's stager in the background -- from the context :func:`use` set,
+    where there is one (where it cannot start one it raises an ``OSError`` with
     ``no_process`` set: then spawned). Returns whether it was started."""
     global _thread
-    context = _context if context is None else context
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape
         if ape._CHECKPOINT_PROCESS is not None or not hasattr(ape, "_AsyncCheckpointProcess"):
@@ -57,12 +56,12 @@ def prestart(group, context=None) -> bool:
     except Exception:  # noqa: BLE001 - private API changed: DCP starts it lazily
         return False
 
-    def start():
+    def start_stager():
         why = ""
         try:
-            if context is not None and hasattr(ape, "mp"):
+            if _context is not None and hasattr(ape, "mp"):
                 try:
-                    ape._CHECKPOINT_PROCESS = _construct(ape, info, context)
+                    ape._CHECKPOINT_PROCESS = _construct(ape, info, _context)
                     HOW.append("forked")
                     return
                 except OSError as e:
@@ -74,7 +73,7 @@ def prestart(group, context=None) -> bool:
         except Exception as e:  # noqa: BLE001 - reported by wait(); DCP retries lazily
             _error.append(e)
 
-    _thread = threading.Thread(target=start, daemon=True, name="dcp-stager-prestart")
+    _thread = threading.Thread(target=start_stager, daemon=True, name="dcp-stager-prestart")
     _thread.start()
     return True
 

@@ -136,7 +136,7 @@ def _become(setup: dict) -> None:
     tether.set_name(setup["name"])
     tether.die_with(setup["rank_pid"])
     adopt(setup["env"], setup["log"])
-    if setup.get("no_gpu"):
+    if setup["no_gpu"]:
         # The stager writes the CPU copies DCP staged in the rank; seeing a GPU, DCP's
         # FileSystemWriter asks torch.cuda for a stream (_OverlappingCpuLoader) and so makes a
         # CUDA context per stager on its first save: seconds each under load, as the host's
