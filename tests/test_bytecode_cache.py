@@ -26,28 +26,34 @@ NO_WRITE, PREFIX = bc.NO_WRITE_VAR, bc.PREFIX_VAR
 def test_the_plan_keeps_python_s_way_unless_it_may_not_write_and_torch_has_no_bytecode():
     home = {"HOME": "/h"}
     cache = Path("/h/.cache/fsdp2-harness/pycache")
-    assert bc.plan({**home, NO_WRITE: "1"}, False, None, False) == cache
-    assert bc.plan(home, True, None, False) == cache  # python -B
-    assert bc.plan({NO_WRITE: "1", "XDG_CACHE_HOME": "/x", **home}, False, None, False) == \
+    assert bc.plan({**home, NO_WRITE: "1"}, False, False) == cache
+    assert bc.plan(home, True, False) == cache  # python -B
+    assert bc.plan({NO_WRITE: "1", "XDG_CACHE_HOME": "/x", **home}, False, False) == \
         Path("/x/fsdp2-harness/pycache")
-    assert bc.plan(home, False, None, False) is None  # Python writes bytecode: its way
-    assert bc.plan({**home, NO_WRITE: ""}, False, None, False) is None  # empty: not set
-    assert bc.plan({**home, NO_WRITE: "1", PREFIX: "/mine"}, True, None, False) is None
-    assert bc.plan({**home, NO_WRITE: "1"}, True, "/mine", False) is None  # -X pycache_prefix
-    # torch installed with its bytecode: a prefix would hide it (every process compiles torch
-    # until the cache is filled)
-    assert bc.plan({**home, NO_WRITE: "1"}, True, None, True) is None
+    assert bc.plan(home, False, False) is None  # Python writes bytecode: its way
+    assert bc.plan({**home, NO_WRITE: ""}, False, False) is None  # empty: not set
+    # torch's bytecode where Python looks for it (beside its sources, or under the user's
+    # prefix): a prefix of ours would hide it (every process compiles torch until it is filled)
+    assert bc.plan({**home, NO_WRITE: "1"}, True, True) is None
 
 
 def test_a_module_with_bytecode_beside_its_source_is_shipped(tmp_path, monkeypatch):
     (tmp_path / "plain_mod.py").write_text("X = 1\n")
     (tmp_path / "built_mod.py").write_text("X = 1\n")
     (tmp_path / "__pycache__").mkdir()
-    (tmp_path / "__pycache__" / f"built_mod.{sys.implementation.cache_tag}.pyc").write_bytes(b"")
+    pyc = f"built_mod.{sys.implementation.cache_tag}.pyc"
+    (tmp_path / "__pycache__" / pyc).write_bytes(b"")
     monkeypatch.syspath_prepend(str(tmp_path))
     shipped = bc.shipped.__wrapped__  # not the run's cached answer
     assert shipped("built_mod") and not shipped("plain_mod")
     assert not shipped("no_such_module_here")
+    # under a prefix Python reads <prefix>/<the source's directory>/, never __pycache__
+    prefix = tmp_path / "prefix"
+    assert not shipped("built_mod", str(prefix))
+    under = prefix / Path(os.path.abspath(tmp_path)).relative_to("/")
+    under.mkdir(parents=True)
+    (under / f"plain_mod.{sys.implementation.cache_tag}.pyc").write_bytes(b"")
+    assert shipped("plain_mod", str(prefix))
 
 
 @pytest.fixture
@@ -55,7 +61,7 @@ def no_bytecode(tmp_path, monkeypatch):
     """This process as an image without bytecode starts it: PYTHONDONTWRITEBYTECODE set, no
     prefix, torch without bytecode; the caches under ``tmp_path/xdg``. The cache's path."""
     monkeypatch.setattr(bc, "STARTED", {"dont_write": False, "prefix": None})
-    monkeypatch.setattr(bc, "shipped", lambda module="torch": False)
+    monkeypatch.setattr(bc, "shipped", lambda module="torch", prefix=None: False)
     monkeypatch.setenv(NO_WRITE, "1")
     monkeypatch.delenv(PREFIX, raising=False)
     monkeypatch.delenv(layers.VAR, raising=False)
@@ -92,12 +98,14 @@ def test_the_layer_off_leaves_the_environment_as_it_is(tmp_path, no_bytecode, ac
     assert not no_bytecode.exists()
 
 
-def test_a_prefix_given_or_bytecode_allowed_is_kept(tmp_path, no_bytecode, monkeypatch):
-    monkeypatch.setenv(PREFIX, "/mine")
+def test_a_prefix_that_holds_torch_s_bytecode_or_bytecode_allowed_is_kept(tmp_path, no_bytecode,
+                                                                          monkeypatch):
+    monkeypatch.setattr(bc, "shipped", lambda module="torch", prefix=None: prefix == "/full")
+    monkeypatch.setenv(PREFIX, "/full")
     env = _rank_env(tmp_path / "a")
-    assert env[PREFIX] == "/mine" and env[NO_WRITE] == "1" and bc.MARK_VAR not in env
+    assert env[PREFIX] == "/full" and env[NO_WRITE] == "1" and bc.MARK_VAR not in env
     monkeypatch.delenv(PREFIX)
-    monkeypatch.setattr(bc, "STARTED", {"dont_write": True, "prefix": "/mine"})  # -X
+    monkeypatch.setattr(bc, "STARTED", {"dont_write": True, "prefix": "/full"})  # -X
     env = _rank_env(tmp_path / "b")
     assert PREFIX not in env and env[NO_WRITE] == "1"
     monkeypatch.setattr(bc, "STARTED", {"dont_write": False, "prefix": None})
@@ -105,6 +113,18 @@ def test_a_prefix_given_or_bytecode_allowed_is_kept(tmp_path, no_bytecode, monke
     env = _rank_env(tmp_path / "c")
     assert PREFIX not in env and NO_WRITE not in env
     assert not no_bytecode.exists()
+
+
+def test_a_prefix_python_may_not_write_to_gets_the_harness_s_cache(tmp_path, no_bytecode,
+                                                                   monkeypatch):
+    """PYTHONPYCACHEPREFIX set where PYTHONDONTWRITEBYTECODE is too (the lent GPU image): the
+    prefix stays empty and every process compiled torch from source -- on 2 H200s pytest alone
+    took 12 s before its first launch instead of 5 (docs/findings.md)."""
+    monkeypatch.setenv(PREFIX, "/empty")
+    env = _rank_env(tmp_path)
+    assert env[PREFIX] == str(no_bytecode) and NO_WRITE not in env
+    assert bc.describe(env) == f"own cache {no_bytecode}"
+    assert os.environ[PREFIX] == "/empty"  # pytest's own environment: untouched
 
 
 def test_a_cache_that_cannot_be_made_changes_nothing(tmp_path, no_bytecode, monkeypatch):
@@ -195,7 +215,7 @@ PYTEST_RUN = """
 import json, sys
 import torch  # imported before the plugin's configure: what is imported after benefits
 from harness.speed import bytecode_cache
-bytecode_cache.shipped = lambda module="torch": False  # as an image without torch's bytecode
+bytecode_cache.shipped = lambda module="torch", prefix=None: False  # as an image without torch's bytecode
 import pytest
 seen = {}
 class Probe:

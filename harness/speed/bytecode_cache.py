@@ -4,9 +4,11 @@ sources.
 GPU images often ship torch without bytecode (``.pyc``) and set ``PYTHONDONTWRITEBYTECODE=1``:
 then every Python a run starts -- pytest, the rank server, torchrun's agents, fresh ranks, DCP's
 stagers -- compiles torch's modules from source at every import (docs/findings.md). Where
-Python may not write bytecode (``-B`` or ``PYTHONDONTWRITEBYTECODE``), no cache prefix is set
-(``-X pycache_prefix`` or ``PYTHONPYCACHEPREFIX``) and torch was installed without bytecode
-beside its sources, the harness's processes keep it in a cache of their own,
+Python may not write bytecode (``-B`` or ``PYTHONDONTWRITEBYTECODE``) and torch's bytecode is not
+where Python looks for it -- beside its sources, or under a cache prefix you set (``-X
+pycache_prefix`` or ``PYTHONPYCACHEPREFIX``: a prefix Python may not write to stays empty, and
+every process compiles torch again, docs/findings.md) -- the harness's processes keep it in a
+cache of their own,
 ``$XDG_CACHE_HOME/fsdp2-harness/pycache`` (beside the Inductor cache, ``inductor_cache.py``):
 the pytest process sets ``sys.pycache_prefix`` and lets Python write (:func:`apply`, from the
 plugin's ``pytest_configure``); every launch's environment gets ``PYTHONPYCACHEPREFIX`` and
@@ -16,9 +18,10 @@ written leaves everything as it was. ``multiprocessing`` starts the rank server 
 ``-B``: its preload writes the cache all the same (:func:`follow`); processes spawned with that
 flag after it (a forked rank's DCP stager spawned, not forked) read the cache, write nothing.
 
-Where torch has its bytecode beside its sources (``ci/setup.sh`` installs so) nothing changes: a
-prefix makes Python look for bytecode only under it, so every process would compile torch again
-until the cache is filled -- on a fresh CI VM, every run. A ``.pyc`` is keyed by its source's
+Where torch has its bytecode where Python looks for it (beside its sources: ``ci/setup.sh``
+installs so; or under your prefix) nothing changes: a prefix of the harness's would make Python
+look for bytecode only under it, so every process would compile torch again until the cache is
+filled -- on a fresh CI VM, every run. A ``.pyc`` is keyed by its source's
 modification time and size and written atomically, so a stale or half-written one is never
 used: what the processes run is the same code.
 """
@@ -40,24 +43,22 @@ STARTED = {"dont_write": bool(sys.flags.dont_write_bytecode), "prefix": sys.pyca
 _before: list[tuple] = []  # (sys.pycache_prefix, sys.dont_write_bytecode) before apply()
 
 
-def plan(env, dont_write: bool, prefix: str | None, torch_bytecode: bool) -> Path | None:
+def plan(env, dont_write: bool, torch_bytecode: bool) -> Path | None:
     """Where the harness's processes keep bytecode, or None where Python's own way stands: the
     cache directory (not made here) where Python may not write bytecode (``dont_write``: its
-    ``-B`` flag; or ``PYTHONDONTWRITEBYTECODE`` in ``env``), no cache prefix is set (``prefix``:
-    ``sys.pycache_prefix`` as Python started; or ``PYTHONPYCACHEPREFIX`` in ``env``) and torch
-    has no bytecode beside its sources (``torch_bytecode``: :func:`shipped`)."""
-    if prefix or env.get(PREFIX_VAR) or torch_bytecode:
-        return None
-    if not (dont_write or env.get(NO_WRITE_VAR)):
+    ``-B`` flag; or ``PYTHONDONTWRITEBYTECODE`` in ``env``) and torch has no bytecode where
+    this Python looks for it (``torch_bytecode``: :func:`shipped` under the prefix in force)."""
+    if torch_bytecode or not (dont_write or env.get(NO_WRITE_VAR)):
         return None
     return inductor_cache.cache_path(env, "pycache")  # beside the Inductor cache
 
 
 @functools.lru_cache(maxsize=None)
-def shipped(module: str = "torch") -> bool:
-    """Whether ``module`` (not imported) was installed with its bytecode: a ``.pyc`` beside its
-    source in ``__pycache__``, or no source at all; True where this Python caches no bytecode
-    (nothing to gain), False where it cannot be found."""
+def shipped(module: str = "torch", prefix: str | None = None) -> bool:
+    """Whether ``module`` (not imported) has its bytecode where a Python with cache prefix
+    ``prefix`` (None: none) reads it: a ``.pyc`` beside its source in ``__pycache__``, or under
+    the prefix at the source's directory path; or no source at all. True where this Python
+    caches no bytecode (nothing to gain), False where the module cannot be found."""
     if sys.implementation.cache_tag is None:
         return True
     try:
@@ -67,9 +68,11 @@ def shipped(module: str = "torch") -> bool:
     origin = spec.origin if spec is not None else None
     if not origin or not origin.endswith(".py"):
         return bool(origin) and origin.endswith(".pyc")
-    src = Path(origin)
-    return (src.parent / "__pycache__" /
-            f"{src.stem}.{sys.implementation.cache_tag}.pyc").is_file()
+    src = Path(os.path.abspath(origin))  # as Python joins it to a prefix (not resolved)
+    name = f"{src.stem}.{sys.implementation.cache_tag}.pyc"
+    where = (Path(prefix) / src.parent.relative_to(src.anchor) if prefix
+             else src.parent / "__pycache__")
+    return (where / name).is_file()
 
 
 def own_cache(env=None) -> Path | None:
@@ -77,7 +80,8 @@ def own_cache(env=None) -> Path | None:
     the cache, made; None where the plan is Python's way or the cache cannot be made or
     written (the layer then does nothing)."""
     env = os.environ if env is None else env
-    d = plan(env, STARTED["dont_write"], STARTED["prefix"], shipped())
+    prefix = STARTED["prefix"] or env.get(PREFIX_VAR) or None
+    d = plan(env, STARTED["dont_write"], shipped("torch", prefix))
     if d is None:
         return None
     try:
