@@ -195,3 +195,20 @@ def test_a_run_rooted_in_its_report_dir_says_so(tmp_path):
     assert f"give it as --report-dir={rep}" in header("--report-dir", str(rep), "--rootdir",
                                                       str(rep))
     assert "give it as" not in header(f"--report-dir={rep}")
+
+
+def test_the_gpus_counted_are_those_the_run_may_use():
+    """A run under CUDA_VISIBLE_DEVICES=0 on a 2-GPU host is a one-GPU run: its per-GPU figure
+    and scaling model count one GPU (they counted every GPU nvidia-smi saw)."""
+    every = bench.smi_command(None)
+    assert "-i" not in every
+    assert bench.smi_command("0") == every + ["-i", "0"]
+    assert bench.smi_command(" 1, GPU-ab12 ") == every + ["-i", "1,GPU-ab12"]
+    assert bench.smi_command("") is None  # no GPU visible: nothing to sample
+
+
+def test_a_run_with_no_visible_gpu_samples_none(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with bench.UsageSampler(period_s=60, stat="/nonexistent") as usage:
+        pass
+    assert not usage.available and usage.gpus() == 0 and usage.gpu_busy_share() is None

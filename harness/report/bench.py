@@ -15,9 +15,8 @@ reads that run's history and launch records and prints:
   intervals against the wall);
 * seconds per producer and check (summed over cases, the slowest rank each; a train phase
   cases share counted once), total and per case;
-* the GPUs' busy share (``nvidia-smi`` sampled every 0.5 s), where there are GPUs;
-* the host's CPUs' busy share (``/proc/stat``, where there is one): the mean over the run and
-  one value every 2 s -- whether the cores were the limit, and when.
+* the GPUs' busy share (``nvidia-smi`` every 0.5 s; the GPUs ``CUDA_VISIBLE_DEVICES`` leaves);
+* the host's CPUs' busy share (``/proc/stat``): the mean and one value every 2 s.
 
 ``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it. pytest runs with
 its cache, as a user's run does: the scheduler weighs the tasks by their seconds in the last run
@@ -29,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -80,13 +80,22 @@ def busy_between(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float 
     return (b[0] - a[0]) / (b[1] - a[1])
 
 
+def smi_command(visible: str | None) -> list[str] | None:
+    """nvidia-smi's utilization query of the GPUs the run may use: those ``CUDA_VISIBLE_DEVICES``
+    names (indices or UUIDs) where it is set, none where it is empty, else every one."""
+    cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+    ids = ",".join(g.strip() for g in (visible or "").split(",") if g.strip())
+    return cmd if visible is None else (cmd + ["-i", ids] if ids else None)
+
+
 class UsageSampler:
     """The GPUs' mean utilization over the run from nvidia-smi (None without GPUs), and the host's
     CPU busy share from ``/proc/stat`` (None without one): the mean and every ``cpu_every_s``."""
 
     def __init__(self, period_s: float = 0.5, cpu_every_s: float = 2.0, stat: str = "/proc/stat"):
         self.period_s, self.samples, self._stop = period_s, [], threading.Event()
-        self.available = shutil.which("nvidia-smi") is not None
+        self.smi = smi_command(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.available = shutil.which("nvidia-smi") is not None and self.smi is not None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.stat, self.cpu_every_s = stat, cpu_every_s
         self.cpu_timeline: list[tuple[float, float]] = []  # (seconds in, busy share since last)
@@ -97,9 +106,8 @@ class UsageSampler:
         while not self._stop.is_set():
             if self.available:
                 try:
-                    out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
-                                          "--format=csv,noheader,nounits"], capture_output=True,
-                                         text=True, timeout=5).stdout
+                    out = subprocess.run(self.smi, capture_output=True, text=True,
+                                         timeout=5).stdout
                     self.samples.append([float(x) for x in out.split()])
                 except (OSError, ValueError, subprocess.TimeoutExpired):
                     pass
