@@ -10,19 +10,19 @@ lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model
     wall(G) = session + start + max over pools of  W * load / L(w, G)
 
 * ``W``: the pool's task seconds summed (each task's seconds in the run, its first rank's);
-* ``load``: the rank processes a GPU holds on the predicted host over the run's host's (a
-  task's seconds grow with them);
+* ``load``: the rank processes a GPU holds on the predicted host over the run's host's: a
+  task's seconds grow with them by the share :data:`LOAD_SHARE` (``W * (1 + LOAD_SHARE *
+  (load - 1))``), fitted on hosts of one family whose cores grow with their GPUs (16 a GPU);
 * ``start``: a launch's start (process, imports, CUDA context, process groups, backend), the
   median over the run's launches -- the lanes start at once;
 * ``session``: pytest's own time before the first launch and after the last one.
 
-It assumes a task's seconds follow the ranks on its GPU alone; ranks over the whole host cost
-too (their CUDA contexts start one after another), and where they differ much from the run's
-the prediction misses: docs/performance.md ("More GPUs") checks it against measured hosts. It
-does not
-know that a task moves from shared gloo to NCCL (a 2-rank case on one GPU vs two): such pools
-are named (``backend_changes``). ``W / L`` is perfect balance: the longest task, a module's
-first use in a new lane, and the scheduler's order all add to it.
+Ranks over the whole host cost too (their CUDA contexts start one after another), and where
+they differ much from the run's the prediction misses: docs/performance.md ("The scaling
+model") checks it against measured hosts. It does not know that a task moves from shared gloo
+to NCCL (a 2-rank case on one GPU vs two): such pools are named (``backend_changes``). ``W / L``
+is perfect balance: the longest task, a module's first use in each new launch (seconds a
+process), and the scheduler's order all add to it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from harness.launch.tasks import START_PHASES
 from harness.speed import layers
 
 GPU_COUNTS = (1, 2, 4, 8)
+# the share of a task's seconds that follows the ranks a GPU of the host family holds (and its
+# cores): fitted on one and two H200s, checked on another day's pair -- docs/performance.md
+LOAD_SHARE = 0.64
 LAUNCHES_PER_GPU = 4  # plugin/execution.py's default
 
 
@@ -89,15 +92,14 @@ def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
             run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU) -> dict:
     """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. Where the
-    ranks a GPU of the run's host held are given, its task seconds are scaled by the ranks a
-    GPU holds on the predicted host against them (a task took 1.84x as long where a GPU held
-    twice the ranks: docs/performance.md)."""
+    ranks a GPU of the run's host held are given, its task seconds follow the ranks a GPU holds
+    on the predicted host against them by :data:`LOAD_SHARE`."""
     launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu)
     work, by_pool = {}, pools(tasks, gpus)
     load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
     for (world, pg), pool in by_pool.items():
         n = len(launcher.slots(world, pg))
-        seconds = pool["seconds"] * load
+        seconds = pool["seconds"] * (1 + LOAD_SHARE * (load - 1))
         work[f"{world}/{pg}"] = dict(seconds=round(seconds, 2), lanes=n,
                                      per_lane_s=round(seconds / max(n, 1), 2))
     start = start_s(launches)
