@@ -53,7 +53,12 @@ def test_a_run_leaves_its_tasks_seconds_in_pytest_s_cache(tmp_path):
         assert p.returncode == 0, p.stdout + p.stderr
         return json.loads(next((reports / "runs").glob("*/meta.json")).read_text())
 
-    assert run(1)["task_seconds_known"] == "0 of 1"
+    first = run(1)
+    assert first["task_seconds_known"] == "0 of 1"
+    # the run's task records: what the scaling model and its first-use measure read
+    (rec,) = first["tasks"]
+    assert rec["module"] == "Linear" and rec["recipe"] == "fp32" and "pg" in rec
+    assert rec["launch"] and rec["started"] > 0 and rec["seconds"] > 0
     stored = json.loads((cache / "v" / "harness" / "task-seconds" / "cpu").read_text())
     assert list(stored) == ["secs.torch.fp32-dp2-Linear-sync-none.train"]
     assert 0 < stored["secs.torch.fp32-dp2-Linear-sync-none.train"] < 120

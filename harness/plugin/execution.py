@@ -161,14 +161,15 @@ class Execution:
 
     def task_records(self) -> list[dict]:
         """Each task that ran to its end: its world size, its case's world sizes, module,
-        process-group backend and seconds -- what the scaling model (report/scaling.py)
-        predicts other hosts' wall time from."""
+        recipe, process-group backend, seconds, launch and start -- what the scaling model
+        (report/scaling.py) predicts other hosts' wall time from."""
         if self.scheduler is None:
             return []
         graph = self.scheduler.graph
         return [dict(name=t.name, world=t.world_size, worlds=list(t.case.world_sizes),
-                     module=t.case.ax.get("module"), pg=graph.key(t)[2],
-                     seconds=round(r.seconds, 3))
+                     module=t.case.ax.get("module"), recipe=t.case.recipe,
+                     pg=graph.key(t)[2], seconds=round(r.seconds, 3), launch=r.launch,
+                     started=round(r.started, 3))
                 for t in graph.all if (r := graph.done.get(t.name)) is not None
                 and r.status == "ok" and r.seconds > 0]
 

@@ -74,6 +74,29 @@ def pools(tasks: list[dict], gpus: int) -> dict[tuple, dict]:
     return out
 
 
+def first_use(tasks: list[dict]) -> dict[str, dict]:
+    """Per pool (``world/pg``): the seconds its launches paid for a module's first use -- each
+    launch's first task of a (module, recipe) over the median of that kind's later tasks in the
+    pool (none below 0) -- and how many launches paid them. Tasks without a launch (records
+    before it was kept) count nowhere."""
+    pools: dict[str, list[dict]] = {}
+    for t in tasks:
+        if t.get("launch"):
+            pools.setdefault(f"{t['world']}/{t['pg']}", []).append(t)
+    out = {}
+    for pool, ts in sorted(pools.items()):
+        first, later, seen = [], {}, set()
+        for t in sorted(ts, key=lambda t: (t["launch"], t.get("started", 0.0))):
+            kind = (t["launch"], t["module"], t.get("recipe"))
+            (first.append(t) if kind not in seen else
+             later.setdefault(kind[1:], []).append(t["seconds"]))
+            seen.add(kind)
+        excess = sum(max(0.0, t["seconds"] - median(later[k]))
+                     for t in first if (k := (t["module"], t.get("recipe"))) in later)
+        out[pool] = dict(launches=len({t["launch"] for t in ts}), seconds=round(excess, 2))
+    return out
+
+
 def start_s(launches: list[dict]) -> float:
     """A launch's start: the median over the run's launches that ran a task."""
     starts = [sum(rec["phases"].get(p, 0.0) for p in START_PHASES)
@@ -127,6 +150,7 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
                                  run_load, lpg) for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - ran)
+    out["first_use"] = first_use(tasks)
     return out
 
 
@@ -143,4 +167,9 @@ def render(m: dict) -> list[str]:
                      f"{p['start_s']} + {p['bound_by']} {p['pools'][p['bound_by']]['seconds']} s"
                      f" / {p['pools'][p['bound_by']]['lanes']} lanes (load x{p['load']})"
                      f"{mark}{changes}")
+    uses = [f"{pool} {u['seconds']} s in {u['launches']} launch(es)"
+            for pool, u in (m.get("first_use") or {}).items()]
+    if uses:
+        lines.append("  a module's first use in a launch, over its later tasks' median: " +
+                     ", ".join(uses))
     return lines

@@ -120,3 +120,27 @@ def test_a_host_whose_gpus_hold_fewer_ranks_runs_each_task_faster():
     back = scaling.model(meta, {}, 7.0, 2)["predicted"][0]
     assert back["load"] == 2.0 and back["pools"]["8/gloo"]["seconds"] == \
         round(20.0 * (1 + scaling.LOAD_SHARE), 2)
+
+
+def test_a_module_s_first_use_in_each_launch_is_measured():
+    """The seconds each launch's first task of a (module, recipe) took over that kind's later
+    tasks' median, per pool: what a pool pays again for every launch it runs in (a fresh
+    process's first TransformerLayer step took seconds on an H200: docs/performance.md)."""
+    def t(launch, module, seconds, started, world=2, pg="nccl", recipe="bf16"):
+        return dict(_task(world, (world,), module, seconds, pg), launch=launch, started=started,
+                    recipe=recipe, name=f"{launch}-{module}-{started}")
+    tasks = [t("L1", "TransformerLayer", 5.0, 0), t("L1", "TransformerLayer", 1.0, 1),
+             t("L1", "TransformerLayer", 1.2, 2), t("L2", "TransformerLayer", 3.0, 0),
+             t("L2", "TransformerLayer", 0.8, 1),
+             t("L2", "TransformerLayer", 4.0, 2, recipe="current"),  # a kind seen once: none
+             t("L1", "Linear", 0.5, 3), t("L2", "Linear", 0.1, 3),  # first uses, none later: none
+             t("L3", "Linear", 2.0, 0, world=8, pg="gloo"), t("L3", "Linear", 1.0, 1, 8, "gloo")]
+    got = scaling.first_use(tasks)
+    assert got == {"2/nccl": dict(launches=2, seconds=round(5.0 - 1.0 + 3.0 - 1.0, 2)),
+                   "8/gloo": dict(launches=1, seconds=1.0)}
+    assert scaling.first_use([{k: v for k, v in x.items() if k != "launch"}
+                              for x in tasks]) == {}  # records without launches
+    meta = dict(tasks=tasks, launches=[_launch(1.0)], accelerations="all")
+    text = "\n".join(scaling.render(scaling.model(meta, {}, 9.0, 2)))
+    assert "first use in a launch, over its later tasks' median: 2/nccl 6.0 s in 2 launch(es)" \
+        in text
