@@ -315,3 +315,32 @@ def test_bounded_probe_passes_a_good_factory_and_reports_a_bad_one(tmp_path, fac
     bad = _case(tmp_path, "byo_factories:raises")
     with pytest.raises(models.ModelError, match="raised RuntimeError: out of coffee"):
         model_check.probe_bounded(bad.model_ref, bad, "torch", "cpu", needs_tp=False)
+
+
+PARALLEL = '''
+import torch
+from byo_factories import build as plain
+
+
+def build(ctx):
+    (torch.randn(4_000_000) * 2).sum()  # an OpenMP parallel region, where threads allow one
+    return plain(ctx)
+'''
+
+
+def test_a_good_factory_passes_after_this_process_used_openmp_threads(tmp_path, factories):
+    """The probe's forked child computes on one thread: after its parent ran an OpenMP parallel
+    region, a child's own parallel region waited for good for the team that did not fork with
+    it, and a good factory was named 'did not return within 120 s' (seen in CI, an xdist worker
+    whose earlier tests computed in-process)."""
+    (tmp_path / "byo_parallel.py").write_text(PARALLEL)
+    case = _case(tmp_path, "byo_parallel:build")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (torch.randn(4_000_000) * 2).sum()  # this process's OpenMP team: two threads
+        model_check.probe_bounded(case.model_ref, case, "torch", "cpu", needs_tp=False,
+                                  timeout_s=30)
+    finally:
+        torch.set_num_threads(threads)
+        sys.modules.pop("byo_parallel", None)

@@ -3,8 +3,10 @@ imported, built as the reference and run once on its task's batch, so a broken f
 one-line usage error naming the scenario file, not a failure deep in a worker.
 
 The check runs in a child process (forked where this process holds no CUDA context, else a
-fresh interpreter) that the run waits for at most ``PROBE_TIMEOUT_S``: a factory, TP plan or
-forward that blocks is killed and named, and one that ends its process (``os._exit``,
+fresh interpreter; a forked child computes on one thread, as DataLoader's workers do: the
+OpenMP team its parent used does not fork with it, and a parallel region would wait for it for
+good) that the run waits for at most ``PROBE_TIMEOUT_S``: a factory, TP plan or forward that
+blocks is killed and named, and one that ends its process (``os._exit``,
 ``sys.exit`` from C) is named with its exit status, instead of hanging or silently ending
 the run."""
 
@@ -60,6 +62,8 @@ PROBE_TIMEOUT_S = 120.0
 
 
 def _child(conn, ref, case, backend: str, device: str, needs_tp: bool) -> None:
+    import torch
+    torch.set_num_threads(1)  # no OpenMP team of the parent's in a forked child
     try:
         probe(ref, case, backend, device, needs_tp)
         conn.send(None)
