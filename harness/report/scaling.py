@@ -7,12 +7,12 @@ world w runs on ``L(w, G)`` lanes, the count a launcher of that host gives it fo
 tasks (launch/launcher.py, placement.py: NCCL where w GPUs are free, else shared over gloo;
 lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model::
 
-    wall(G) = session + start + max over pools of  W * load / L(w, G)
+    wall(G) = session + start + max over pools of  W * (1 + LOAD_SHARE * (load - 1)) / L(w, G)
 
 * ``W``: the pool's task seconds summed (each task's seconds in the run, its first rank's);
-* ``load``: the rank processes a GPU holds on the predicted host over the run's host's: a
-  task's seconds grow with them by the share :data:`LOAD_SHARE` (``W * (1 + LOAD_SHARE *
-  (load - 1))``), fitted on hosts of one family whose cores grow with their GPUs (16 a GPU);
+* ``load``: the rank processes a GPU holds on the predicted host over the run's host's; the
+  share :data:`LOAD_SHARE` of a task's seconds follows it, fitted on hosts of one family whose
+  cores grow with their GPUs (16 a GPU);
 * ``start``: a launch's start (process, imports, CUDA context, process groups, backend), the
   median over the run's launches -- the lanes start at once;
 * ``session``: pytest's own time before the first launch and after the last one.
