@@ -215,7 +215,7 @@ PYTEST_RUN = """
 import json, sys
 import torch  # imported before the plugin's configure: what is imported after benefits
 from harness.speed import bytecode_cache
-bytecode_cache.shipped = lambda module="torch", prefix=None: False  # as an image without torch's bytecode
+bytecode_cache.shipped = lambda module="torch", prefix=None: False  # an image without it
 import pytest
 seen = {}
 class Probe:
