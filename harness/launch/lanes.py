@@ -13,7 +13,7 @@ from harness.speed.lane_choice import extra_lanes
 
 # --max-ranks default: rank processes of all launches at once on a GPU host. Every task slows
 # down as a host runs more, whatever its GPUs (their CUDA contexts start one after another,
-# host-wide); measured: docs/performance.md, "More GPUs" and its `--max-ranks` section
+# host-wide); measured: docs/performance.md, "Where the 2-GPU time went" and "Tried and not kept"
 MAX_RANKS = 42
 
 
