@@ -259,3 +259,38 @@ def test_the_slow_files_handed_out_first_exist():
     missing = [f for f in SLOW_FILES if not (ROOT / f).is_file()]
     assert not missing, missing
     assert list(SLOW_FILES.values()) == sorted(SLOW_FILES.values(), reverse=True)
+
+
+def _gpu_bench(tmp_path, gpus: int) -> list[list[str]]:
+    env = {**os.environ, "BENCH_DRY": "1", "BENCH_GPUS": str(gpus), "PYTHON": "py"}
+    p = subprocess.run(["bash", str(ROOT / "ci" / "gpu_bench.sh"), str(tmp_path / "out"), "x"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return [shlex.split(line) for line in p.stdout.splitlines()]
+
+
+def test_gpu_bench_runs_the_figures_of_performance_md(tmp_path):
+    """ci/gpu_bench.sh: the whole TE matrix (first, warm) and its 2-rank half twice, each a
+    bounded `harness bench` in a results store of its own; on several GPUs the same host with
+    GPU 0 alone and the case-by-case comparison of the two whole runs."""
+    one = _gpu_bench(tmp_path, 1)
+    assert [c[c.index("--label") + 1] for c in one] == \
+        ["x-whole-first", "x-whole", "x-2rank-1", "x-2rank-2"]
+    for cmd in one:
+        assert cmd[:3] == ["env", "timeout", "300"] and cmd[3:6] == ["py", "-m", "harness"]
+        args = cmd[cmd.index("--") + 1:]
+        assert args[:6] == ["-p", "harness.plugin", "--scenario", "fsdp2_tp_dcp", "--backend",
+                            "te"] and "--report-dir" in args
+        assert cmd[cmd.index("--out") + 1] == str(tmp_path / "out")
+    assert one[2][-2:] == one[3][-2:] == ["--max-world-size", "2"]
+    two = _gpu_bench(tmp_path, 2)
+    labels = [c[c.index("--label") + 1] for c in two[:-1]]
+    assert labels == ["x-whole-first", "x-whole", "x-2rank-1", "x-2rank-2", "x-gpu0-whole",
+                      "x-gpu0-2rank"]  # the host's own runs first, GPU 0 alone after them
+    gpu0 = [c for c in two if "CUDA_VISIBLE_DEVICES=0" in c]
+    assert [c[c.index("--label") + 1] for c in gpu0] == ["x-gpu0-whole", "x-gpu0-2rank"]
+    compare = two[-1]
+    whole = two[1][two[1].index("--report-dir") + 1]
+    assert compare[:4] == ["py", "-m", "harness", "compare"]
+    assert compare[compare.index("--a") + 1] == whole + "/history"
+    assert compare[compare.index("--out") + 1] == str(tmp_path / "out" / "x-nccl-vs-gpu0.md")
