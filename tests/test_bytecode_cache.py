@@ -118,8 +118,8 @@ def test_a_prefix_that_holds_torch_s_bytecode_or_bytecode_allowed_is_kept(tmp_pa
 def test_a_prefix_python_may_not_write_to_gets_the_harness_s_cache(tmp_path, no_bytecode,
                                                                    monkeypatch):
     """PYTHONPYCACHEPREFIX set where PYTHONDONTWRITEBYTECODE is too (the lent GPU image): the
-    prefix stays empty and every process compiled torch from source -- on 2 H200s pytest alone
-    took 12 s before its first launch instead of 5 (docs/findings.md)."""
+    prefix stays empty and every process compiled torch from source (what that cost:
+    docs/findings.md)."""
     monkeypatch.setenv(PREFIX, "/empty")
     env = _rank_env(tmp_path)
     assert env[PREFIX] == str(no_bytecode) and NO_WRITE not in env

@@ -12,7 +12,7 @@ lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model
 * ``W``: the pool's task seconds summed (each task's seconds in the run, its first rank's);
 * ``load``: the rank processes a GPU holds on the predicted host over the run's host's; the
   share :data:`LOAD_SHARE` of a task's seconds follows it, fitted on hosts of one family whose
-  cores grow with their GPUs (16 a GPU);
+  cores grow with their GPUs;
 * ``start``: a launch's start (process, imports, CUDA context, process groups, backend), the
   median over the run's launches -- the lanes start at once;
 * ``session``: pytest's own time before the first launch and after the last one.
@@ -79,20 +79,24 @@ def first_use(tasks: list[dict]) -> dict[str, dict]:
     launch's first task of a (module, recipe) over the median of that kind's later tasks in the
     pool (none below 0) -- and how many launches paid them. Tasks without a launch (records
     before it was kept) count nowhere."""
-    pools: dict[str, list[dict]] = {}
+    by_pool: dict[str, list[dict]] = {}
     for t in tasks:
         if t.get("launch"):
-            pools.setdefault(f"{t['world']}/{t['pg']}", []).append(t)
+            by_pool.setdefault(f"{t['world']}/{t['pg']}", []).append(t)
     out = {}
-    for pool, ts in sorted(pools.items()):
-        first, later, seen = [], {}, set()
+    for pool, ts in sorted(by_pool.items()):
+        first: dict[tuple, list[float]] = {}  # (module, recipe) -> its launches' first seconds
+        later: dict[tuple, list[float]] = {}  # (module, recipe) -> every other task's seconds
+        seen = set()
         for t in sorted(ts, key=lambda t: (t["launch"], t.get("started", 0.0))):
-            kind = (t["launch"], t["module"], t.get("recipe"))
-            (first.append(t) if kind not in seen else
-             later.setdefault(kind[1:], []).append(t["seconds"]))
-            seen.add(kind)
-        excess = sum(max(0.0, t["seconds"] - median(later[k]))
-                     for t in first if (k := (t["module"], t.get("recipe"))) in later)
+            kind = (t["module"], t.get("recipe"))
+            if (t["launch"], kind) in seen:
+                later.setdefault(kind, []).append(t["seconds"])
+            else:
+                seen.add((t["launch"], kind))
+                first.setdefault(kind, []).append(t["seconds"])
+        excess = sum(max(0.0, s - median(later[kind]))
+                     for kind, firsts in first.items() if kind in later for s in firsts)
         out[pool] = dict(launches=len({t["launch"] for t in ts}), seconds=round(excess, 2))
     return out
 

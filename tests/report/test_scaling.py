@@ -105,8 +105,7 @@ def test_a_run_s_described_layers_read_back():
 def test_a_host_whose_gpus_hold_fewer_ranks_runs_each_task_faster():
     """Bounded to 16 ranks, the 8-rank cases take the same 2 lanes on 1 and 2 GPUs, but a GPU of
     the 2-GPU host holds half the ranks: the model takes LOAD_SHARE of their seconds off by half
-    (not all: on one host a second GPU took ~10% off, on the family's next host, with twice the
-    cores too, ~32%: docs/performance.md)."""
+    (not all of them: docs/performance.md, "The scaling model")."""
     tasks = [_task(8, (8,), m, 4.0) for m in MODULES]
     meta = dict(tasks=tasks, launches=[_launch(1.0)], accelerations="all", max_ranks=16)
     one, two = scaling.model(meta, {}, 11.0, 1)["predicted"][:2]
