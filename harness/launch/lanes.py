@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 from harness.launch.launch_dir import stager_worlds
-from harness.launch.placement import (case_backend, launch_env, launches_per_slice, place,
-                                      pool_shares)
+from harness.launch.placement import (case_backend, fit_lanes, launch_env, launches_per_slice,
+                                      place, pool_shares)
 from harness.speed.lane_choice import extra_lanes
 
 # --max-ranks default: rank processes of all launches at once on a GPU host. Every task slows
@@ -30,8 +30,9 @@ class Lanes:
         self.modules: dict[int, set] = {}  # world size -> the modules of its cases (expect)
         self.extra: dict[int, int] = {}  # world size -> lanes beyond one a module (expect)
         self.share: dict[tuple, float] = {}  # (world, pg) -> its share of the world's tasks
-        # every world's lanes times this, where they would start more than max_ranks ranks
-        self.max_ranks, self.scale = max_ranks, 1.0
+        # at most this many ranks at once (0: no bound): (world, pg) -> its lanes a GPU slice,
+        # fitted to the bound by expect() (placement.fit_lanes)
+        self.max_ranks, self.fitted = max_ranks, {}
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
@@ -53,9 +54,13 @@ class Lanes:
             self.extra = extra_lanes(tasks, seconds, lambda w: len(self.slots(w)),
                                      len(os.sched_getaffinity(0)))
         if self.device == "cuda" and self.max_ranks:
-            self.scale = 1.0
-            ranks = self.ranks(set(pools))
-            self.scale = min(1.0, self.max_ranks / ranks) if ranks else 1.0
+            self.fitted = {}
+            wanted, cost = {}, {}
+            for w, pg in set(pools):
+                p = place(w, self.gpus, self.gpu_share)
+                if p is not None:
+                    wanted[(w, pg)], cost[(w, pg)] = self._wanted(w, pg, p), w * len(p.slices)
+            self.fitted = fit_lanes(wanted, cost, self.max_ranks)
 
     def ranks(self, pools) -> int:
         """Rank processes the lanes of ``pools`` ((world, pg) pairs) run at once."""
@@ -72,9 +77,15 @@ class Lanes:
                 self.device == "cuda" else [{}]
         largest = self.largest_world if "cpu_priority" in self.speed else world_size
         shared = launch_env(p, world_size, largest, pg_backend)
+        n = self.fitted.get((world_size, pg_backend)) or \
+            max(1, round(self._wanted(world_size, pg_backend, p)))
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
+                for _ in range(n) for sl in p.slices]
+
+    def _wanted(self, world_size: int, pg_backend: str, p) -> float:
+        """Lanes a slice of placement ``p`` would take for the pool before any bound on the
+        host's ranks: ``placement.launches_per_slice`` times the pool's share of its world."""
         modules = len(self.modules.get(world_size, ())) if self.lane_per_module else 0
         n = launches_per_slice(p, self.launches_per_gpu, modules, self.extra.get(world_size, 0),
                                per_gpu_world=world_size if "lanes_per_gpu" in self.speed else 0)
-        n = max(1, round(n * self.scale * self.share.get((world_size, pg_backend), 1.0)))
-        return [{"CUDA_VISIBLE_DEVICES": ",".join(sl), **shared}
-                for _ in range(n) for sl in p.slices]
+        return n * self.share.get((world_size, pg_backend), 1.0)

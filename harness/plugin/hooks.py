@@ -64,8 +64,8 @@ def pytest_addoption(parser):
                      "default 4, or one per module of a world size's cases where more); "
                      "1 = one launch per GPU slice")
     g.addoption("--max-ranks", type=int, default=None, metavar="N",
-                help="on cuda, at most about N rank processes of all launches at once on the "
-                     "host: every world size's lanes scaled down to fit (default "
+                help="on cuda, at most N rank processes of all launches at once on the host: "
+                     "every pool's lanes scaled down to fit, one a pool at least (default "
                      "MAX_RANKS, launch/lanes.py; 0 = no bound)")
     g.addoption("--rank-start", choices=("auto", "fork", "fresh"), default="auto",
                 help="fork: every launch's agent and ranks fork from one process of the run "
