@@ -7,12 +7,17 @@ world w runs on ``L(w, G)`` lanes, the count a launcher of that host gives it fo
 tasks (launch/launcher.py, placement.py: NCCL where w GPUs are free, else shared over gloo;
 lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model::
 
-    wall(G) = session + start + max over pools of  W * (1 + LOAD_SHARE * (load - 1)) / L(w, G)
+    wall(G) = session + start + max over pools of  f * ((W - F) / L(w, G) + F / n * r)
 
 * ``W``: the pool's task seconds summed (each task's seconds in the run, its first rank's);
-* ``load``: the rank processes a GPU holds on the predicted host over the run's host's; the
-  share :data:`LOAD_SHARE` of a task's seconds follows it, fitted on hosts of one family whose
-  cores grow with their GPUs;
+* ``F``: what of ``W`` the pool's ``n`` launches paid for first uses -- each launch's first
+  task of a module and recipe over that kind's later tasks (TE's compiled functions, kernel
+  loading: seconds a process, :func:`first_use_excess`); every lane pays a launch's share
+  again, ``r`` launches a lane (the run's launches over its lanes), however many lanes split
+  the rest;
+* ``f = 1 + LOAD_SHARE * (load - 1)``, ``load`` the rank processes a GPU holds on the
+  predicted host over the run's host's: the share :data:`LOAD_SHARE` of a task's seconds
+  follows it, fitted on hosts of one family whose cores grow with their GPUs;
 * ``start``: a launch's start (process, imports, CUDA context, process groups, backend), the
   median over the run's launches -- the lanes start at once;
 * ``session``: pytest's own time before the first launch and after the last one.
@@ -20,9 +25,10 @@ lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model
 Ranks over the whole host cost too (their CUDA contexts start one after another), and where
 they differ much from the run's the prediction misses: docs/performance.md ("The scaling
 model") checks it against measured hosts. It does not know that a task moves from shared gloo
-to NCCL (a 2-rank case on one GPU vs two): such pools are named (``backend_changes``). ``W / L``
-is perfect balance: the longest task, a module's first use in each new launch (seconds a
-process), and the scheduler's order all add to it.
+to NCCL (a 2-rank case on one GPU vs two: a process group, contexts and teardown of its own):
+such pools are named (``backend_changes``). Nor that a pool's seconds depend on the other
+pools' lanes (CPU priorities, a host's busy cores). ``(W - F) / L`` is perfect balance: the
+longest task and the scheduler's order add to it.
 """
 
 from __future__ import annotations
@@ -61,31 +67,36 @@ def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations, max_ra
     return launcher
 
 
-def pools(tasks: list[dict], gpus: int) -> dict[tuple, dict]:
-    """(world, backend on ``gpus`` GPUs) -> {seconds, tasks} of the run's ``tasks``
-    (execution.task_records: world, worlds, module, seconds)."""
+def pools(tasks: list[dict], gpus: int, excess: dict[str, float] | None = None) -> dict:
+    """(world, backend on ``gpus`` GPUs) -> {seconds, tasks, first_use, launches} of the run's
+    ``tasks`` (execution.task_records: world, worlds, module, seconds, launch): ``first_use``
+    the seconds of it its tasks paid for first uses (``excess``: :func:`first_use_excess`),
+    ``launches`` the run's launches that ran them."""
     out: dict[tuple, dict] = {}
     ids = [str(i) for i in range(gpus)]
     for t in tasks:
         pool = out.setdefault((t["world"], describe(t["worlds"], ids, "auto")[0]),
-                              dict(seconds=0.0, tasks=0))
+                              dict(seconds=0.0, tasks=0, first_use=0.0, launches=set()))
         pool["seconds"] += t["seconds"]
         pool["tasks"] += 1
+        pool["first_use"] += (excess or {}).get(t["name"], 0.0)
+        if t.get("launch"):
+            pool["launches"].add(t["launch"])
     return out
 
 
-def first_use(tasks: list[dict]) -> dict[str, dict]:
-    """Per pool (``world/pg``): the seconds its launches paid for a module's first use -- each
-    launch's first task of a (module, recipe) over the median of that kind's later tasks in the
-    pool (none below 0) -- and how many launches paid them. Tasks without a launch (records
-    before it was kept) count nowhere."""
+def first_use_excess(tasks: list[dict]) -> dict[str, float]:
+    """Task name -> the seconds it paid for a module's first use: each launch's first task of a
+    (module, recipe) over the median of that kind's later tasks in its pool (none below 0; none
+    for a kind without later tasks). Tasks without a launch (records before it was kept) pay
+    none."""
     by_pool: dict[str, list[dict]] = {}
     for t in tasks:
         if t.get("launch"):
             by_pool.setdefault(f"{t['world']}/{t['pg']}", []).append(t)
     out = {}
-    for pool, ts in sorted(by_pool.items()):
-        first: dict[tuple, list[float]] = {}  # (module, recipe) -> its launches' first seconds
+    for ts in by_pool.values():
+        first: dict[tuple, list[dict]] = {}  # (module, recipe) -> its launches' first tasks
         later: dict[tuple, list[float]] = {}  # (module, recipe) -> every other task's seconds
         seen = set()
         for t in sorted(ts, key=lambda t: (t["launch"], t.get("started", 0.0))):
@@ -94,11 +105,25 @@ def first_use(tasks: list[dict]) -> dict[str, dict]:
                 later.setdefault(kind, []).append(t["seconds"])
             else:
                 seen.add((t["launch"], kind))
-                first.setdefault(kind, []).append(t["seconds"])
-        excess = sum(max(0.0, s - median(later[kind]))
-                     for kind, firsts in first.items() if kind in later for s in firsts)
-        out[pool] = dict(launches=len({t["launch"] for t in ts}), seconds=round(excess, 2))
+                first.setdefault(kind, []).append(t)
+        for kind, firsts in first.items():
+            if kind in later:
+                out.update((t["name"], max(0.0, t["seconds"] - median(later[kind])))
+                           for t in firsts)
     return out
+
+
+def first_use(tasks: list[dict]) -> dict[str, dict]:
+    """Per pool (``world/pg``): the seconds its launches paid for a module's first use
+    (:func:`first_use_excess`) and how many launches paid them."""
+    excess, out = first_use_excess(tasks), {}
+    for t in sorted(tasks, key=lambda t: (t["world"], t["pg"])):
+        if t.get("launch"):
+            pool = out.setdefault(f"{t['world']}/{t['pg']}", dict(launches=set(), seconds=0.0))
+            pool["launches"].add(t["launch"])
+            pool["seconds"] += excess.get(t["name"], 0.0)
+    return {k: dict(launches=len(v["launches"]), seconds=round(v["seconds"], 2))
+            for k, v in out.items()}
 
 
 def start_s(launches: list[dict]) -> float:
@@ -117,18 +142,25 @@ def ranks_per_gpu(tasks: list[dict], gpus: int, acc: layers.Accelerations,
 
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
-            run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU) -> dict:
-    """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. Where the
-    ranks a GPU of the run's host held are given, its task seconds follow the ranks a GPU holds
-    on the predicted host against them by :data:`LOAD_SHARE`."""
+            run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU,
+            relaunch: float = 1.0) -> dict:
+    """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. A pool's
+    first uses are paid per launch (its run's first-use seconds over the launches that paid
+    them, ``relaunch`` launches a lane), the rest shared by its lanes. Where the ranks a GPU of
+    the run's host held are given, its task seconds follow the ranks a GPU holds on the
+    predicted host against them by :data:`LOAD_SHARE`."""
     launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu)
-    work, by_pool = {}, pools(tasks, gpus)
+    work, by_pool = {}, pools(tasks, gpus, first_use_excess(tasks))
     load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
     for (world, pg), pool in by_pool.items():
-        n = len(launcher.slots(world, pg))
-        seconds = pool["seconds"] * (1 + LOAD_SHARE * (load - 1))
-        work[f"{world}/{pg}"] = dict(seconds=round(seconds, 2), lanes=n,
-                                     per_lane_s=round(seconds / max(n, 1), 2))
+        n = max(len(launcher.slots(world, pg)), 1)
+        f = LOAD_SHARE * (load - 1) + 1
+        per_launch = pool["first_use"] / len(pool["launches"]) if pool["launches"] else 0.0
+        first = f * per_launch * relaunch  # a lane's
+        steady = f * (pool["seconds"] - pool["first_use"])
+        work[f"{world}/{pg}"] = dict(seconds=round(steady + first * n, 2), lanes=n,
+                                     per_lane_s=round(steady / n + first, 2),
+                                     first_use_s=round(first, 2))
     start = start_s(launches)
     bound = max(work, key=lambda k: work[k]["per_lane_s"]) if work else ""
     wall = session_s + start + (work[bound]["per_lane_s"] if bound else 0.0)
@@ -145,15 +177,19 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
         return None
     acc = layers.from_described(meta.get("accelerations") or "all")
     sess = sum(session.values()) if session else 0.0
-    ran = {str(t["world"]) + "/" + t["pg"] for t in tasks}
+    pgs = {str(t["world"]) + "/" + t["pg"] for t in tasks}
     max_ranks = meta.get("max_ranks") or 0
     lpg = meta.get("launches_per_gpu") or LAUNCHES_PER_GPU  # the run's --launches-per-gpu
     run_load = ranks_per_gpu(tasks, measured_gpus, acc, max_ranks, lpg)
+    run = launcher_for(tasks, measured_gpus, acc, max_ranks, lpg)
+    lanes = sum(len(run.slots(*p)) for p in pools(tasks, measured_gpus))
+    ran = len({t["launch"] for t in tasks if t.get("launch")})  # launches a lane ran
+    relaunch = max(1.0, ran / lanes) if lanes and ran else 1.0
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
-                                 run_load, lpg) for g in GPU_COUNTS]}
+                                 run_load, lpg, relaunch) for g in GPU_COUNTS]}
     for p in out["predicted"]:
-        p["backend_changes"] = sorted(set(p["pools"]) - ran)
+        p["backend_changes"] = sorted(set(p["pools"]) - pgs)
     out["first_use"] = first_use(tasks)
     return out
 
@@ -167,9 +203,11 @@ def render(m: dict) -> list[str]:
         mark = f"   measured {got['wall_s']:.1f} s" if p["gpus"] == got["gpus"] else ""
         changes = f"; NCCL/gloo differ from the run: {', '.join(p['backend_changes'])}" \
             if p["backend_changes"] else ""
+        pool = p["pools"][p["bound_by"]]
+        first = f", {pool['first_use_s']} s of it first uses" if pool.get("first_use_s") else ""
         lines.append(f"    {p['gpus']} GPU(s): {p['wall_s']:6.1f} s = {p['session_s']} + "
-                     f"{p['start_s']} + {p['bound_by']} {p['pools'][p['bound_by']]['seconds']} s"
-                     f" / {p['pools'][p['bound_by']]['lanes']} lanes (load x{p['load']})"
+                     f"{p['start_s']} + {p['bound_by']} {pool['per_lane_s']} s a lane "
+                     f"({pool['seconds']} s in {pool['lanes']} lanes{first}; load x{p['load']})"
                      f"{mark}{changes}")
     uses = [f"{pool} {u['seconds']} s in {u['launches']} launch(es)"
             for pool, u in (m.get("first_use") or {}).items()]

@@ -33,15 +33,16 @@ def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
     meta = dict(tasks=tasks, launches=launches, accelerations="all")
     m = scaling.model(meta, {"before_first_launch_s": 4.0, "after_last_launch_s": 1.0}, 16.0, 1)
     one, two, four = m["predicted"][:3]
-    assert one["pools"] == {"2/gloo": dict(seconds=10.0, lanes=5, per_lane_s=2.0),
-                            "8/gloo": dict(seconds=20.0, lanes=2, per_lane_s=10.0)}
+    no_first = dict(first_use_s=0.0)  # the records name no launch
+    assert one["pools"] == {"2/gloo": dict(seconds=10.0, lanes=5, per_lane_s=2.0, **no_first),
+                            "8/gloo": dict(seconds=20.0, lanes=2, per_lane_s=10.0, **no_first)}
     assert (one["wall_s"], one["bound_by"], one["start_s"]) == (5.0 + 3.0 + 10.0, "8/gloo", 3.0)
     assert two["pools"]["2/nccl"]["lanes"] == 10 and two["pools"]["8/gloo"]["lanes"] == 4
     assert two["wall_s"] == 5.0 + 3.0 + 5.0 and two["backend_changes"] == ["2/nccl"]
     assert four["pools"]["8/gloo"]["lanes"] == 8 and four["wall_s"] == 5.0 + 3.0 + 2.5
     text = "\n".join(scaling.render(m))
-    assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 20.0 s / 2 lanes (load x1.0)   measured 16.0 s" \
-        in text
+    assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 10.0 s a lane (20.0 s in 2 lanes; load x1.0)" \
+        "   measured 16.0 s" in text
     assert "NCCL/gloo differ from the run: 2/nccl" in text
     # without lanes_per_gpu a slice of 2 GPUs took one GPU's lanes: the 2-rank pool 5
     plain = scaling.model({**meta, "accelerations": "all but lanes_per_gpu"}, {}, 16.0, 1)
@@ -57,7 +58,8 @@ def test_the_model_takes_the_run_s_own_launches_per_gpu():
     meta = dict(tasks=tasks, launches=[_launch(2.0)], launches_per_gpu=8,
                 accelerations="all but lane_per_module")
     one = scaling.model(meta, {}, 7.0, 1)["predicted"][0]
-    assert one["pools"]["2/gloo"] == dict(seconds=40.0, lanes=8, per_lane_s=5.0), one
+    assert one["pools"]["2/gloo"] == dict(seconds=40.0, lanes=8, per_lane_s=5.0,
+                                          first_use_s=0.0), one
     default = scaling.model({**meta, "launches_per_gpu": None}, {}, 12.0, 1)["predicted"][0]
     assert default["pools"]["2/gloo"]["lanes"] == 4  # the default, before a run recorded it
 
@@ -110,10 +112,11 @@ def test_a_host_whose_gpus_hold_fewer_ranks_runs_each_task_faster():
     meta = dict(tasks=tasks, launches=[_launch(1.0)], accelerations="all", max_ranks=16)
     one, two = scaling.model(meta, {}, 11.0, 1)["predicted"][:2]
     assert one["load"] == 1.0 and one["pools"]["8/gloo"] == dict(seconds=20.0, lanes=2,
-                                                                per_lane_s=10.0)
+                                                                per_lane_s=10.0, first_use_s=0.0)
     share = 1 - scaling.LOAD_SHARE * 0.5
     assert two["load"] == 0.5 and two["pools"]["8/gloo"] == dict(
-        seconds=round(20.0 * share, 2), lanes=2, per_lane_s=round(10.0 * share, 2))
+        seconds=round(20.0 * share, 2), lanes=2, per_lane_s=round(10.0 * share, 2),
+        first_use_s=0.0)
     assert two["wall_s"] == round(1.0 + 10.0 * share, 1)
     # from the 2-GPU run back to one GPU: the same rule, load 2
     back = scaling.model(meta, {}, 7.0, 2)["predicted"][0]
@@ -143,3 +146,23 @@ def test_a_module_s_first_use_in_each_launch_is_measured():
     text = "\n".join(scaling.render(scaling.model(meta, {}, 9.0, 2)))
     assert "first use in a launch, over its later tasks' median: 2/nccl 6.0 s in 2 launch(es)" \
         in text
+
+
+def test_each_lane_pays_its_launch_s_first_uses_however_many_lanes_share_the_rest():
+    """Four launches of one module each paid 2 s for its first use (3 s against the later
+    tasks' 1 s): on the run's own host the model is the pool's seconds over its 4 lanes, on two
+    GPUs (8 NCCL lanes) only the other 20 s split -- each lane pays its first use again."""
+    tasks = [dict(_task(2, (2,), "Linear", 3.0 if i == 0 else 1.0), launch=f"L{k}",
+                  started=float(i), recipe="bf16", name=f"L{k}-{i}")
+             for k in range(1, 5) for i in range(5)]
+    meta = dict(tasks=tasks, launches=[_launch(1.0)], accelerations="all")
+    one, two = scaling.model(meta, {}, 9.0, 1)["predicted"][:2]
+    assert one["pools"]["2/gloo"] == dict(seconds=28.0, lanes=4, per_lane_s=7.0, first_use_s=2.0)
+    assert (two["load"], two["pools"]["2/nccl"]) == (1.0, dict(
+        seconds=20.0 + 8 * 2.0, lanes=8, per_lane_s=20.0 / 8 + 2.0, first_use_s=2.0))
+    assert "2/nccl 4.5 s a lane (36.0 s in 8 lanes, 2.0 s of it first uses; load x1.0)" in \
+        "\n".join(scaling.render(scaling.model(meta, {}, 9.0, 1)))
+    # a lane that ran two launches pays two launches' first uses
+    tasks += [dict(t, launch="L5", name="L5-" + t["name"]) for t in tasks if t["launch"] == "L1"]
+    again = scaling.model({**meta, "tasks": tasks}, {}, 9.0, 1)["predicted"][1]
+    assert again["pools"]["2/nccl"]["first_use_s"] == round(2.0 * 5 / 4, 2)
