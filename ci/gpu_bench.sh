@@ -6,7 +6,8 @@
 # its first GPU alone after them (CUDA_VISIBLE_DEVICES=0: the one-GPU figure of the same host
 # and code), and `python -m harness compare` of the two whole runs case by case (NCCL against
 # ranks sharing one GPU). OUT gets LABEL-*.json (LABEL: default gpuN, N the GPUs nvidia-smi
-# lists) and LABEL-nccl-vs-gpu0.md. Each run is bounded by STEP_S seconds (default 300).
+# lists), LABEL-nccl-vs-gpu0.md and LABEL-stores.tar.gz (every run's history parquet). Each run
+# is bounded by STEP_S seconds (default 300).
 # Python and TE as the host has them (PYTHON, default python3; an offline bundle: source
 # .tebundle/install.sh first). Leave PYTHONPYCACHEPREFIX unset on an image that may not write
 # bytecode: the harness keeps its own cache there (docs/backends.md). BENCH_DRY=1 prints the
@@ -45,4 +46,9 @@ if [ "$gpus" -gt 1 ]; then
        --label-a "$gpus GPUs" --label-b "GPU 0 alone (shared)" --out "$out/$label-nccl-vs-gpu0.md")
   if [ -n "${BENCH_DRY:-}" ]; then echo "${cmp[*]}"; else "${cmp[@]}" || failed=1; fi
 fi
+# every run's history parquet (its task records: what scaling.py and first uses read), one file
+runs=()
+for f in "$stores"/*/history/*.parquet; do [ -e "$f" ] && runs+=("${f#"$stores"/}"); done
+keep=(tar -czf "$out/$label-stores.tar.gz" -C "$stores" ${runs[@]+"${runs[@]}"})
+if [ -n "${BENCH_DRY:-}" ]; then echo "${keep[*]}"; else "${keep[@]}" || failed=1; fi
 exit $failed

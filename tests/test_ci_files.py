@@ -273,7 +273,8 @@ def test_gpu_bench_runs_the_figures_of_performance_md(tmp_path):
     """ci/gpu_bench.sh: the whole TE matrix (first, warm) and its 2-rank half twice, each a
     bounded `harness bench` in a results store of its own; on several GPUs the same host with
     GPU 0 alone and the case-by-case comparison of the two whole runs."""
-    one = _gpu_bench(tmp_path, 1)
+    one, keep = _gpu_bench(tmp_path, 1)[:-1], _gpu_bench(tmp_path, 1)[-1]
+    assert keep[:2] == ["tar", "-czf"] and keep[2] == str(tmp_path / "out" / "x-stores.tar.gz")
     assert [c[c.index("--label") + 1] for c in one] == \
         ["x-whole-first", "x-whole", "x-2rank-1", "x-2rank-2"]
     for cmd in one:
@@ -283,7 +284,7 @@ def test_gpu_bench_runs_the_figures_of_performance_md(tmp_path):
                             "te"] and "--report-dir" in args
         assert cmd[cmd.index("--out") + 1] == str(tmp_path / "out")
     assert one[2][-2:] == one[3][-2:] == ["--max-world-size", "2"]
-    two = _gpu_bench(tmp_path, 2)
+    two = _gpu_bench(tmp_path, 2)[:-1]  # less the stores' tar
     labels = [c[c.index("--label") + 1] for c in two[:-1]]
     assert labels == ["x-whole-first", "x-whole", "x-2rank-1", "x-2rank-2", "x-gpu0-whole",
                       "x-gpu0-2rank"]  # the host's own runs first, GPU 0 alone after them
