@@ -33,6 +33,10 @@ def test_nightly_workflow_shards_every_te_world_size():
         assert m["min_checked"] > 0
     assert "ci/night_check.py --min-checked ${{ matrix.min_checked }}" in run
     assert "|| true" not in (ROOT / "ci" / "nightly-gpu.yml").read_text()
+    # pytest's cache outlives the checkout: task seconds and on-demand populations persist
+    assert "no:cacheprovider" not in run and run.count("python -m pytest $PYTEST_CACHE ") == 2
+    assert gpu["env"]["PYTEST_CACHE"].startswith("-o cache_dir=${{ github.workspace }}/../")
+    assert gpu["env"]["PYTEST_CACHE"].endswith("/${{ matrix.world }}")
     report = "\n".join(step.get("run", "") for step in wf["jobs"]["report"]["steps"])
     assert "harness report" in report and "harness drift" in report and "--fail-on-drift" in report
     for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
@@ -41,8 +45,10 @@ def test_nightly_workflow_shards_every_te_world_size():
 
 def test_slurm_script_uses_the_multinode_options():
     text = (ROOT / "ci" / "slurm" / "nightly_multinode.sbatch").read_text()
-    for opt in ("--nnodes", "--rdzv-endpoint", "--node-launcher", "--work-dir", "srun"):
+    for opt in ("--nnodes", "--rdzv-endpoint", "--node-launcher", "--work-dir", "srun",
+                '-o cache_dir="$HOME/.cache/'):
         assert opt in text
+    assert "no:cacheprovider" not in text
 
 
 SIDE_BY_SIDE = "bash ci/side_by_side.sh"
