@@ -183,8 +183,8 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     run_load = ranks_per_gpu(tasks, measured_gpus, acc, max_ranks, lpg)
     run = launcher_for(tasks, measured_gpus, acc, max_ranks, lpg)
     lanes = sum(len(run.slots(*p)) for p in pools(tasks, measured_gpus))
-    ran = len({t["launch"] for t in tasks if t.get("launch")})  # launches a lane ran
-    relaunch = max(1.0, ran / lanes) if lanes and ran else 1.0
+    launched = len({t["launch"] for t in tasks if t.get("launch")})
+    relaunch = max(1.0, launched / lanes) if lanes and launched else 1.0  # launches a lane
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
                                  run_load, lpg, relaunch) for g in GPU_COUNTS]}
