@@ -102,28 +102,25 @@ def launches_per_slice(p: Placement, launches_per_gpu: int, modules: int = 0,
 
 def fit_lanes(wanted: dict, cost: dict, max_ranks: int) -> dict:
     """Lanes per GPU slice of each pool: ``wanted`` (a pool's lanes a slice, a real number: its
-    share of a world split between NCCL and gloo) rounded, at least 1 a pool, and -- where
-    ``max_ranks`` bounds the host's rank processes (0: no bound) -- scaled to fit, a lane
-    costing ``cost`` ranks (the world size times the pool's slices). Rounding does not break the
-    bound: while the counts exceed it, the pool most over its scaled target (relatively; the
-    costlier of equals) gives a lane back; then the pools furthest under theirs take lanes
-    back while they fit. Every pool keeps one lane (a pool always runs), even over the bound."""
-    total = sum(wanted[k] * cost[k] for k in wanted)
-    scale = min(1.0, max_ranks / total) if max_ranks and total else 1.0
-    target = {k: wanted[k] * scale for k in wanted}
-    got = {k: max(1, round(t)) for k, t in target.items()}
-    if not max_ranks:
-        return got
-    ranks = sum(got[k] * cost[k] for k in got)
-    while ranks > max_ranks and any(n > 1 for n in got.values()):
-        k = max((k for k in got if got[k] > 1), key=lambda k: (got[k] / target[k], cost[k]))
-        got[k] -= 1
-        ranks -= cost[k]
+    share of a world split between NCCL and gloo) rounded, at least 1 a pool -- and where
+    ``max_ranks`` bounds the host's rank processes (0: no bound) and they would exceed it, as
+    many as fit, a lane costing ``cost`` ranks (the world size times the pool's slices): from
+    one lane each, the next lane goes to the pool with the fewest of its lanes so far (its k-th
+    lane at ``wanted / k``, the larger world first of equals) until the next would break the
+    bound. Each pool keeps one lane (a pool always runs), and a higher bound never gives a pool
+    fewer lanes."""
+    want = {k: max(1, round(w)) for k, w in wanted.items()}
+    if not max_ranks or sum(want[k] * cost[k] for k in want) <= max_ranks:
+        return want
+    got = dict.fromkeys(want, 1)
+    ranks = sum(cost.values())
     while True:
-        under = [k for k in got if got[k] < round(target[k]) and ranks + cost[k] <= max_ranks]
-        if not under:
+        more = [k for k in got if got[k] < want[k]]
+        if not more:
             return got
-        k = min(under, key=lambda k: (got[k] / target[k], -cost[k]))
+        k = max(more, key=lambda k: (wanted[k] / (got[k] + 1), cost[k]))
+        if ranks + cost[k] > max_ranks:
+            return got
         got[k] += 1
         ranks += cost[k]
 
