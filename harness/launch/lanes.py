@@ -36,6 +36,7 @@ class Lanes:
         self.gpu_share = gpu_share  # ranks share GPUs over gloo where too few (placement.py)
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
+        self.cores: int | None = None  # the host's (None: this process's CPUs; extra_lanes)
 
     def expect(self, cases, tasks=(), seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up
@@ -52,7 +53,7 @@ class Lanes:
             self.share = pool_shares(pools)
         if seconds and self.lane_per_module and self.device == "cuda":  # lane_choice.py
             self.extra = extra_lanes(tasks, seconds, lambda w: len(self.slots(w)),
-                                     len(os.sched_getaffinity(0)))
+                                     self.cores or len(os.sched_getaffinity(0)))
         if self.device == "cuda" and self.max_ranks:
             self.fitted = {}
             wanted, cost = {}, {}

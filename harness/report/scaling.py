@@ -49,21 +49,24 @@ LAUNCHES_PER_GPU = 4  # plugin/execution.py's default
 
 
 def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations, max_ranks: int,
-                 launches_per_gpu: int = LAUNCHES_PER_GPU) -> Launcher:
-    """A launcher of a host of ``gpus`` GPUs that expects the run's ``tasks`` under the run's
-    lane options: its ``slots(world, pg)`` are the lanes that host starts (no process is
-    started)."""
+                 launches_per_gpu: int = LAUNCHES_PER_GPU, seconds: dict | None = None,
+                 cores: int | None = None) -> Launcher:
+    """A launcher of a host of ``gpus`` GPUs and ``cores`` CPUs that expects the run's
+    ``tasks`` under the run's lane options, weighing them by ``seconds`` as a run that knew
+    them did (a costly module's lane more: lane_choice.extra_lanes): its ``slots(world, pg)``
+    are the lanes that host starts (no process is started)."""
     cases = {}
     for t in tasks:  # the fields the launcher's lane counts read of a case and a task
         key = t["name"].rsplit(".", 1)[0]
         cases.setdefault(key, SimpleNamespace(key=key, world_sizes=tuple(t["worlds"]),
                                               ax={"module": t["module"]}))
-    shims = [SimpleNamespace(world_size=t["world"], case=cases[t["name"].rsplit(".", 1)[0]])
-             for t in tasks]
+    shims = [SimpleNamespace(name=t["name"], world_size=t["world"],
+                             case=cases[t["name"].rsplit(".", 1)[0]]) for t in tasks]
     launcher = Launcher("/nonexistent", "te", "cuda", gpus=[str(i) for i in range(gpus)],
                         launches_per_gpu=launches_per_gpu, env=acc.without("stager_prestart")
                         .env(), lane_per_module="lane_per_module" in acc, max_ranks=max_ranks)
-    launcher.expect(list(cases.values()), shims)
+    launcher.cores = cores
+    launcher.expect(list(cases.values()), shims, seconds)
     return launcher
 
 
@@ -134,22 +137,24 @@ def start_s(launches: list[dict]) -> float:
 
 
 def ranks_per_gpu(tasks: list[dict], gpus: int, acc: layers.Accelerations,
-                  max_ranks: int, launches_per_gpu: int = LAUNCHES_PER_GPU) -> float:
-    """Rank processes a GPU of a host of ``gpus`` GPUs holds while every lane runs."""
-    return launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu).ranks(
+                  max_ranks: int, launches_per_gpu: int = LAUNCHES_PER_GPU, **host) -> float:
+    """Rank processes a GPU of a host of ``gpus`` GPUs holds while every lane runs (``host``:
+    :func:`launcher_for`'s seconds and cores)."""
+    return launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu, **host).ranks(
         pools(tasks, gpus)) / gpus
 
 
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
             run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU,
-            relaunch: float = 1.0) -> dict:
-    """The predicted wall on ``gpus`` GPUs: its parts and the pool that bounds it. A pool's
-    first uses are paid per launch (its run's first-use seconds over the launches that paid
-    them, ``relaunch`` launches a lane), the rest shared by its lanes. Where the ranks a GPU of
-    the run's host held are given, its task seconds follow the ranks a GPU holds on the
-    predicted host against them by :data:`LOAD_SHARE`."""
-    launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu)
+            relaunch: float = 1.0, **host) -> dict:
+    """The predicted wall on ``gpus`` GPUs (``host``: :func:`launcher_for`'s seconds and
+    cores): its parts and the pool that bounds it. A pool's first uses are paid per launch (its
+    run's first-use seconds over the launches that paid them, ``relaunch`` launches a lane),
+    the rest shared by its lanes. Where the ranks a GPU of the run's host held are given, its
+    task seconds follow the ranks a GPU holds on the predicted host against them by
+    :data:`LOAD_SHARE`."""
+    launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu, **host)
     work, by_pool = {}, pools(tasks, gpus, first_use_excess(tasks))
     load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
     for (world, pg), pool in by_pool.items():
@@ -180,14 +185,26 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     pgs = {str(t["world"]) + "/" + t["pg"] for t in tasks}
     max_ranks = meta.get("max_ranks") or 0
     lpg = meta.get("launches_per_gpu") or LAUNCHES_PER_GPU  # the run's --launches-per-gpu
-    run_load = ranks_per_gpu(tasks, measured_gpus, acc, max_ranks, lpg)
-    run = launcher_for(tasks, measured_gpus, acc, max_ranks, lpg)
-    lanes = sum(len(run.slots(*p)) for p in pools(tasks, measured_gpus))
+    # a run that knew its tasks' seconds gave a costly module a lane more where the host's
+    # cores allowed (lane_choice.extra_lanes): the hosts predicted do too, with cores in
+    # proportion to their GPUs
+    known = str(meta.get("task_seconds_known") or "0").split()[0]
+    weigh = {t["name"]: t["seconds"] for t in tasks} \
+        if "task_seconds" in acc and known.isdigit() and int(known) else None
+    per_gpu = (meta.get("cpu_count") or 0) / measured_gpus
+
+    def host(gpus: int) -> dict:
+        return dict(seconds=weigh, cores=round(per_gpu * gpus) or None)
+
+    run = launcher_for(tasks, measured_gpus, acc, max_ranks, lpg, **host(measured_gpus))
+    run_pools = pools(tasks, measured_gpus)
+    run_load = run.ranks(run_pools) / measured_gpus
+    lanes = sum(len(run.slots(*p)) for p in run_pools)
     launched = len({t["launch"] for t in tasks if t.get("launch")})
     relaunch = max(1.0, launched / lanes) if lanes and launched else 1.0  # launches a lane
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
-                                 run_load, lpg, relaunch) for g in GPU_COUNTS]}
+                                 run_load, lpg, relaunch, **host(g)) for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - pgs)
     out["first_use"] = first_use(tasks)

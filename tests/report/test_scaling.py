@@ -166,3 +166,23 @@ def test_each_lane_pays_its_launch_s_first_uses_however_many_lanes_share_the_res
     tasks += [dict(t, launch="L5", name="L5-" + t["name"]) for t in tasks if t["launch"] == "L1"]
     again = scaling.model({**meta, "tasks": tasks}, {}, 9.0, 1)["predicted"][1]
     assert again["pools"]["2/nccl"]["first_use_s"] == round(2.0 * 5 / 4, 2)
+
+
+def test_a_run_that_knew_its_seconds_gives_a_costly_module_more_lanes_as_its_host_did():
+    """The launcher gives a module k times the mean module's seconds round(k) - 1 lanes more
+    where the run knew the last run's seconds and the lanes' ranks fit the host's cores
+    (lane_choice.extra_lanes): the model counts those lanes on the run's host and on the hosts
+    it predicts (cores in proportion to GPUs) -- else it took a lane more for a relaunch."""
+    tasks = [_task(2, (2,), m, 6.0 if m == "TransformerLayer" else 1.0) for m in MODULES
+             for _ in range(2)]
+    for i, t in enumerate(tasks):
+        t.update(name=f"{t['module']}-{i}.train", launch=f"L{i % 7}", started=float(i))
+    meta = dict(tasks=tasks, launches=[_launch(1.0)], accelerations="all", cpu_count=16,
+                task_seconds_known=f"{len(tasks)} of {len(tasks)}")
+    one, two = scaling.model(meta, {}, 9.0, 1)["predicted"][:2]
+    assert one["pools"]["2/gloo"]["lanes"] == 5 + 2  # TransformerLayer 3x the mean
+    assert two["pools"]["2/nccl"]["lanes"] == 10 + 4  # 28 ranks on 32 cores
+    first = scaling.model({**meta, "task_seconds_known": f"0 of {len(tasks)}"}, {}, 9.0, 1)
+    assert first["predicted"][0]["pools"]["2/gloo"]["lanes"] == 5
+    few = scaling.model({**meta, "cpu_count": 8}, {}, 9.0, 1)  # 14 ranks on 8 cores: none
+    assert few["predicted"][0]["pools"]["2/gloo"]["lanes"] == 5
