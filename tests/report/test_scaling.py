@@ -76,10 +76,12 @@ def test_a_case_that_shares_in_one_phase_keeps_its_other_phase_on_gloo():
 
 @pytest.mark.parametrize("gpus", scaling.GPU_COUNTS)
 @pytest.mark.parametrize("max_ranks", [0, 42])
-def test_the_model_counts_the_lanes_the_launcher_starts(gpus, max_ranks):
+@pytest.mark.parametrize("weighed", [False, True])
+def test_the_model_counts_the_lanes_the_launcher_starts(gpus, max_ranks, weighed):
     """The model's lanes, from the run's task records alone, are those a launcher of the host
     starts for the real cases (Launcher.slots) for the TE matrix on every GPU count, with and
-    without a bound on the host's ranks."""
+    without a bound on the host's ranks, and with the last run's seconds (TransformerLayer's
+    tasks 3x the others') on a host of 64 cores, where a costly module takes a lane more."""
     from harness.launch.placement import case_backend
     from harness.launch.task_graph import TaskGraph
     cases = expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"), "te")
@@ -87,10 +89,13 @@ def test_the_model_counts_the_lanes_the_launcher_starts(gpus, max_ranks):
                         launches_per_gpu=scaling.LAUNCHES_PER_GPU, lane_per_module=True,
                         max_ranks=max_ranks)
     graph = TaskGraph(cases, "/nonexistent", lambda c: "all", lambda c: case_backend(c, launcher))
-    launcher.expect(cases, graph.all)
+    seconds = {t.name: 3.0 if t.case.ax["module"] == "TransformerLayer" else 1.0
+               for t in graph.all} if weighed else None
+    launcher.cores = 64
+    launcher.expect(cases, graph.all, seconds)
     tasks = [dict(name=t.name, world=t.world_size, worlds=list(t.case.world_sizes),
                   module=t.case.ax["module"], pg=graph.key(t)[2], seconds=1.0) for t in graph.all]
-    model = scaling.launcher_for(tasks, gpus, layers.ALL, max_ranks)
+    model = scaling.launcher_for(tasks, gpus, layers.ALL, max_ranks, seconds=seconds, cores=64)
     pools = {graph.key(t)[1:] for t in graph.all}
     got = {p: len(model.slots(*p)) for p in pools}
     assert got == {p: len(launcher.slots(*p)) for p in pools}
