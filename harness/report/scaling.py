@@ -136,14 +136,6 @@ def start_s(launches: list[dict]) -> float:
     return median(starts) if starts else 0.0
 
 
-def ranks_per_gpu(tasks: list[dict], gpus: int, acc: layers.Accelerations,
-                  max_ranks: int, launches_per_gpu: int = LAUNCHES_PER_GPU, **host) -> float:
-    """Rank processes a GPU of a host of ``gpus`` GPUs holds while every lane runs (``host``:
-    :func:`launcher_for`'s seconds and cores)."""
-    return launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu, **host).ranks(
-        pools(tasks, gpus)) / gpus
-
-
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
             run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU,
