@@ -6,6 +6,7 @@
     python -m harness goldens [--history DIR] [--goldens DIR] [--update-goldens]
     python -m harness calibrate [--run] [--history DIR]         # measured errors -> tolerances
     python -m harness bench --label NAME -- PYTEST_ARGS        # where the time goes
+    python -m harness ab --a JSON... --b JSON...               # a speed change: kept or not
     python -m harness rejudge --history DIR [--registry FILE]   # recorded runs vs the registry now
     python -m harness compare --a DIR_OR_PARQUET --b DIR_OR_PARQUET  # two runs, case by case
 
@@ -29,14 +30,14 @@ from typing import Callable
 from pathlib import Path
 
 from harness.calibration import command as calibration_command
-from harness.report import bench, cli, compare, outfile, rejudge
+from harness.report import ab, bench, cli, compare, outfile, rejudge
 from harness.report.history import HistoryError
 from harness.spec.base import ScenarioError
 from harness.verdict.registry import RegistryError
 
 # errors of bad input (files, their contents): one line and exit 2, never a traceback
 USER_ERRORS = (OSError, UnicodeError, RegistryError, ScenarioError, HistoryError,
-               outfile.OutputError)
+               outfile.OutputError, ab.BenchError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,6 +76,9 @@ COMMANDS: list[Command] = [
     Command("bench", "run pytest on scenarios and show where the time goes: launch "
                 "phases, seconds per producer and check, checked cases per GPU-minute",
                 bench.add_arguments, bench.run),
+    Command("ab", "judge a speed change by bench runs without (--a) and with it (--b), "
+                "measured alternately on one machine: exit 0 where it gains >= 10% with the "
+                "same outcomes (docs/performance.md's rule), else 1", ab.add_arguments, ab.run),
     Command("rejudge", "judge recorded runs again against the xfail registry as it is "
                 "now: which verdicts an edit changes, and the margin of every sized failure",
                 rejudge.add_arguments, rejudge.run),

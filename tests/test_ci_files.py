@@ -301,3 +301,28 @@ def test_gpu_bench_runs_the_figures_of_performance_md(tmp_path):
     assert compare[:4] == ["py", "-m", "harness", "compare"]
     assert compare[compare.index("--a") + 1] == whole + "/history"
     assert compare[compare.index("--out") + 1] == str(tmp_path / "out" / "x-nccl-vs-gpu0.md")
+
+
+def test_gpu_ab_alternates_after_a_warm_up_and_judges_with_harness_ab(tmp_path):
+    """ci/gpu_ab.sh: a warm-up run of A, then A B B A (a machine's drift over the call favours
+    neither side), each a bounded bench of the TE matrix; a leading VAR=VALUE of a side's
+    arguments is its environment; the runs go to `python -m harness ab` in that order."""
+    env = {**os.environ, "BENCH_DRY": "1", "PYTHON": "py"}
+    p = subprocess.run(["bash", str(ROOT / "ci" / "gpu_ab.sh"), str(tmp_path / "out"), "x", "2",
+                        "--max-world-size 2", "X=1 --max-world-size 2 --accelerations all"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cmds = [shlex.split(line) for line in p.stdout.splitlines()]
+    labels = [c[c.index("--label") + 1] for c in cmds[:-1]]
+    assert labels == ["x-warmup", "x-a1", "x-b1", "x-b2", "x-a2"]
+    for cmd in cmds[:-1]:
+        b = cmd[cmd.index("--label") + 1].startswith("x-b")
+        assert cmd[:4 if b else 3] == ["env", *(["X=1"] if b else []), "timeout", "300"]
+        assert ("X=1" in cmd) == b
+        args = cmd[cmd.index("--") + 1:]
+        assert args[:6] == ["-p", "harness.plugin", "--scenario", "fsdp2_tp_dcp", "--backend",
+                            "te"] and args[6:8] == ["--max-world-size", "2"]
+        assert ("--accelerations" in args) == b
+    out = str(tmp_path / "out")
+    assert cmds[-1] == ["py", "-m", "harness", "ab", "--a", f"{out}/x-a1.json", f"{out}/x-a2.json",
+                        "--b", f"{out}/x-b1.json", f"{out}/x-b2.json"]
