@@ -6,7 +6,7 @@
 # an environment variable as VAR=VALUE first): one warm-up run of A (a fresh machine's caches,
 # not judged), then PAIRS pairs in the order A B B A A B ... (a machine that speeds up or slows
 # down over the call favours neither side), then `python -m harness ab` on them (exit 0: the
-# change gains >= 10% with the same outcomes). A ARGS / B ARGS are split as a shell would;
+# change gains >= 10% with the same outcomes). A ARGS / B ARGS are split on whitespace;
 # "--max-world-size 2" in both runs the 2-rank half. OUT gets LABEL-warmup.json,
 # LABEL-a1.json, LABEL-b1.json, ... and LABEL-ab.txt. Each run is bounded by STEP_S seconds
 # (default 300). PYTHON (default python3); BENCH_DRY=1 prints the commands instead.
