@@ -17,16 +17,11 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
-run() {  # run NAME ARGS: one bench of the TE matrix
-  local name=$1 envs=() args=()
+source ci/bench_lib.sh
+run() {  # run NAME ARGS: one bench of the TE matrix, ARGS split on whitespace
+  local args=()
   read -r -a args <<< "$2"
-  while [[ "${args[0]:-}" == *=* && "${args[0]:-}" != -* ]]; do envs+=("${args[0]}"); args=("${args[@]:1}"); done
-  local cmd=(env ${envs[@]+"${envs[@]}"} timeout "${STEP_S:-300}" "$py" -m harness bench
-             --label "$label-$name" --out "$out" --force -- -p harness.plugin
-             --scenario fsdp2_tp_dcp --backend te ${args[@]+"${args[@]}"})
-  if [ -n "${BENCH_DRY:-}" ]; then echo "${cmd[*]}"; return; fi
-  echo "=== $label-$name"
-  "${cmd[@]}"
+  bench_te "$1" ${args[@]+"${args[@]}"}
 }
 
 run warmup "$a_args"

@@ -23,16 +23,9 @@ stores=$(mktemp -d)
 trap 'rm -rf "$stores"' EXIT
 failed=0
 
+source ci/bench_lib.sh
 run() {  # run NAME [VAR=VALUE] PYTEST-ARGS...: one bench, its results store kept for compare
-  local name=$1 envs=()
-  shift
-  while [[ "${1:-}" == *=* && "${1:-}" != -* ]]; do envs+=("$1"); shift; done
-  local cmd=(env ${envs[@]+"${envs[@]}"} timeout "${STEP_S:-300}" "$py" -m harness bench
-             --label "$label-$name" --out "$out" --force -- -p harness.plugin
-             --scenario fsdp2_tp_dcp --backend te --report-dir "$stores/$name" "$@")
-  if [ -n "${BENCH_DRY:-}" ]; then echo "${cmd[*]}"; return; fi
-  echo "=== $label-$name"
-  "${cmd[@]}" || failed=1
+  bench_te "$@" || failed=1
 }
 
 run whole-first
