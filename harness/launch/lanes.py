@@ -55,7 +55,6 @@ class Lanes:
             self.extra = extra_lanes(tasks, seconds, lambda w: len(self.slots(w)),
                                      self.cores or len(os.sched_getaffinity(0)))
         if self.device == "cuda" and self.max_ranks:
-            self.fitted = {}
             wanted, cost = {}, {}
             for w, pg in set(pools):
                 p = place(w, self.gpus, self.gpu_share)

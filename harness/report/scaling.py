@@ -116,10 +116,11 @@ def first_use_excess(tasks: list[dict]) -> dict[str, float]:
     return out
 
 
-def first_use(tasks: list[dict]) -> dict[str, dict]:
+def first_use(tasks: list[dict], excess: dict[str, float] | None = None) -> dict[str, dict]:
     """Per pool (``world/pg``): the seconds its launches paid for a module's first use
-    (:func:`first_use_excess`) and how many launches paid them."""
-    excess, out = first_use_excess(tasks), {}
+    (``excess``: :func:`first_use_excess`, computed where not given) and how many launches
+    paid them."""
+    excess, out = first_use_excess(tasks) if excess is None else excess, {}
     for t in sorted(tasks, key=lambda t: (t["world"], t["pg"])):
         if t.get("launch"):
             pool = out.setdefault(f"{t['world']}/{t['pg']}", dict(launches=set(), seconds=0.0))
@@ -139,19 +140,21 @@ def start_s(launches: list[dict]) -> float:
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
             run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU,
-            relaunch: float = 1.0, **host) -> dict:
+            relaunch: float = 1.0, excess: dict[str, float] | None = None, **host) -> dict:
     """The predicted wall on ``gpus`` GPUs (``host``: :func:`launcher_for`'s seconds and
     cores): its parts and the pool that bounds it. A pool's first uses are paid per launch (its
     run's first-use seconds over the launches that paid them, ``relaunch`` launches a lane),
-    the rest shared by its lanes. Where the ranks a GPU of the run's host held are given, its
+    the rest shared by its lanes (``excess``: :func:`first_use_excess` of ``tasks``, computed
+    where not given). Where the ranks a GPU of the run's host held are given, its
     task seconds follow the ranks a GPU holds on the predicted host against them by
     :data:`LOAD_SHARE`."""
     launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu, **host)
-    work, by_pool = {}, pools(tasks, gpus, first_use_excess(tasks))
+    by_pool = pools(tasks, gpus, first_use_excess(tasks) if excess is None else excess)
+    work = {}
     load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
+    f = LOAD_SHARE * (load - 1) + 1
     for (world, pg), pool in by_pool.items():
         n = max(len(launcher.slots(world, pg)), 1)
-        f = LOAD_SHARE * (load - 1) + 1
         per_launch = pool["first_use"] / len(pool["launches"]) if pool["launches"] else 0.0
         first = f * per_launch * relaunch  # a lane's
         steady = f * (pool["seconds"] - pool["first_use"])
@@ -194,12 +197,14 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
     lanes = sum(len(run.slots(*p)) for p in run_pools)
     launched = len({t["launch"] for t in tasks if t.get("launch")})
     relaunch = max(1.0, launched / lanes) if lanes and launched else 1.0  # launches a lane
+    excess = first_use_excess(tasks)
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
-                                 run_load, lpg, relaunch, **host(g)) for g in GPU_COUNTS]}
+                                 run_load, lpg, relaunch, excess, **host(g))
+                         for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - pgs)
-    out["first_use"] = first_use(tasks)
+    out["first_use"] = first_use(tasks, excess)
     return out
 
 
