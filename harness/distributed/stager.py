@@ -124,7 +124,8 @@ def dead() -> str | None:
 
 def stop() -> None:
     """End this rank's stager process (if one was started) before the rank exits: a stager
-    left running makes torchrun's shutdown signal and wait for it (about 0.7 s a launch)."""
+    left running makes torchrun's shutdown signal and wait for it (docs/performance.md,
+    "Small costs")."""
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape
         proc = ape._CHECKPOINT_PROCESS._save_process

@@ -74,8 +74,8 @@ def preload(backend: str) -> None:
 
 def _fill_caches() -> None:
     """What every rank would compute alike, once here: Triton's key (a hash of its files and
-    its ~0.5 GB library, the first thing Inductor's cache asks when a rank compiles TE's fused
-    functions: 2.5% of the ranks' CPU samples in the whole TE matrix), where it is cached."""
+    its library, the first thing Inductor's cache asks when a rank compiles TE's fused
+    functions; its cost: docs/performance.md, "Small costs"), where it is cached."""
     for where in ("triton.runtime.cache", "triton.compiler.compiler"):
         try:
             triton_key = importlib.import_module(where).triton_key

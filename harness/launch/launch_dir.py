@@ -32,8 +32,8 @@ def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeo
                setup_timeout_s: float = 60.0, stager: bool = False) -> Path:
     """``timeout_s``: the largest case timeout the launch may see (fed tasks included).
     ``setup_timeout_s``: how long the ranks' groups may take to form (a launch's set-up, not a
-    case's collective: on a loaded or sandboxed host one TCP connect on loopback was seen to
-    take 5 s, and a 15 s case timeout gave set-up 7.5 s). ``stager``: the launch may run an
+    case's collective, which a loaded host slows: docs/performance.md, "Small costs").
+    ``stager``: the launch may run an
     async_process save (fed tasks included): its ranks start DCP's stager up front."""
     case_timeout = timeout_s or max(t.case.timeout_s for t in tasks)
     collective = min(collective_timeout_s, case_timeout / 2)

@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
              valid=rc == 0 and not s["outcomes"].get("failed", 0))
     print(render(args.label, s))
     try:
-        outfile.write_text("--out", dest, json.dumps(s, indent=1, default=str),
+        outfile.write_text("--out", dest, json.dumps(s, separators=(",", ":"), default=str),
                            overwrite=args.force)
     except outfile.OutputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 POLL_S = 0.02  # how often a waiting rank looks for the next queue file, at first
-IDLE_POLL_S = 0.2  # ... and after waiting a while (50 looks a second cost ~2% of a core)
+IDLE_POLL_S = 0.2  # ... and after waiting a while (why: docs/performance.md, "Small costs")
 
 
 def tasks(root: Path, plan: dict, on_idle: Callable[[], None] = lambda: None) -> Iterator[dict]:
