@@ -96,3 +96,63 @@ def test_skip_happens_at_collection_without_a_launch(tmp_path):
     assert "the axes name only backend 'reference'" in out  # no --backend needed
     # no case ran in a launch: none was started for a case the backend skips
     assert not list((tmp_path / "reports").glob("runs/*/launches/L*"))
+
+
+UNEVEN = """\
+name: uneven
+description: a user's Linear with 30 output rows on 4 FSDP2 shards (8, 8, 8, 6)
+axes:
+  recipe: {reference: [fp32, current, delayed]}
+  mesh: [dp4, dp2]
+  module: [Linear]
+  dcp: [sync]
+  reshard: [none, to_dp3]
+  fixes: {reference: [all, no_quantized_allgather]}
+model: {hidden: 48, ffn: 96, heads: 4, seq: 8, batch: 24, out_features: 30}
+timeout_s: 60
+"""
+
+
+def test_uneven_rule_is_where_fsdp2_pads_a_shard():
+    """FSDP2 chunks dim 0 with torch.chunk, empty chunks where too few (_chunk_with_empty), and
+    pads every shard to the first one's rows: the rule names exactly the shapes it pads."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+    checked = 0
+    for rows in (1, 3, 6, 8, 16, 30, 48, 96, 100, 255, 256):
+        for shards in (2, 3, 4, 5, 6, 8):
+            chunks = _chunk_with_empty(torch.empty(rows, 4), shards, dim=0)
+            padded = any(c.size(0) != chunks[0].size(0) for c in chunks)
+            w = layout.Weight("w", rows, 4, "replicate")
+            assert (layout.uneven_problem(w, parse_mesh(f"dp{shards}")) is not None) == padded
+            checked += 1
+    assert checked == 66
+    col = layout.Weight("qkv", 3 * 36, 36, "column")  # TP first: 54 rows each, then 4 shards
+    assert layout.uneven_problem(col, parse_mesh("dp4xtp2")) == "54 rows over 4 FSDP2 shards"
+    assert layout.uneven_problem(col, parse_mesh("hsdp2x3")) is None  # 108 over 3 shards
+    assert layout.uneven_problem(layout.Weight("proj", 36, 108, "row"),  # TP cuts columns
+                                 parse_mesh("dp4xtp2")) is None
+
+
+def test_uneven_shards_of_quantized_all_gathers_skip_at_collection(tmp_path):
+    """The QA probe's 30-row Linear on dp4 under current / delayed scaling: ranks 0-2 waited 60 s
+    in the all-gather for rank 3, whose FSDP2 asserted on its unpadded shard. A skip naming
+    weight, mesh and rows; fp32 and the high-precision all-gather (the fix off) still run."""
+    (tmp_path / "uneven.yaml").write_text(UNEVEN)
+    be = backends.get("reference")
+    why = {(c.recipe, c.ax["mesh"], c.ax["reshard"], c.ax["fixes"]): be.skip_reason(c, "cpu")
+           for c in expand(load_scenario(tmp_path / "uneven.yaml"), "reference")}
+    assert why[("current", "dp4", "none", "all")] == (
+        "current all-gathered quantized: weight weight [30 x 48] on mesh dp4: 30 rows over 4 "
+        "FSDP2 shards are uneven; TE's fsdp_pre_all_gather returns the unpadded shard, so FSDP2 "
+        "asserts on the padded ranks and the others wait out the collective timeout (model "
+        "dims that are multiples of the shards)")
+    assert "on reshard target dp3: 30 rows over 3" not in (why[("delayed", "dp2", "to_dp3",
+                                                                "all")] or "")  # 30 = 3 x 10
+    assert why[("delayed", "dp4", "to_dp3", "all")].startswith("delayed all-gathered quantized")
+    assert why[("delayed", "dp2", "none", "all")] is None  # 15 rows a shard: even
+    assert all(r is None for (recipe, _, _, fixes), r in why.items()
+               if recipe == "fp32" or fixes == "no_quantized_allgather")
+    assert sum(r is not None for r in why.values()) == 4  # current / delayed x dp4 x 2 reshards
+    te_case = next(c for c in expand(load_scenario(tmp_path / "uneven.yaml"), "reference")
+                   if c.recipe == "current" and c.ax["mesh"] == "dp4")
+    assert "30 rows over 4 FSDP2 shards" in TEBackend.layout_skip_reason(te_case)

@@ -62,19 +62,41 @@ def cut_problem(w: Weight, mesh: MeshSpec, b: Blocks) -> str | None:
     return None
 
 
-def skip_reason(case, weights: list[Weight], blocks: Blocks | None) -> str | None:
+def uneven_problem(w: Weight, mesh: MeshSpec) -> str | None:
+    """Where FSDP2 would shard ``w``'s TP-local rows unevenly over ``mesh`` ("30 rows over 4
+    FSDP2 shards"), or None. FSDP2 pads such shards (``ceil(rows / shards)`` rows each), and an
+    all-gather extension must return the padded size there (torch's ``fsdp_pre_all_gather``
+    contract, pytorch/pytorch#137005) -- TE's quantized tensors (and the reference's, which
+    follow them) return the unpadded shard: the padded ranks assert, the others wait in the
+    all-gather until the collective timeout."""
+    rows = w.rows // mesh.tp if mesh.tp > 1 and w.tp == "column" else w.rows
+    if mesh.shard > 1 and rows % mesh.shard:
+        return f"{rows} rows over {mesh.shard} FSDP2 shards"
+    return None
+
+
+def skip_reason(case, weights: list[Weight], blocks: Blocks | None,
+                quantized_gather: bool = False) -> str | None:
     """The first weight of ``case`` its mesh (or reshard target) cannot shard, as a skip
-    reason; None when every cut falls on a block boundary (or the recipe has no blocks)."""
-    if blocks is None:
-        return None
+    reason: a cut inside a block (``blocks``), or -- where the weights are all-gathered
+    quantized (``quantized_gather``) -- an uneven FSDP2 shard; None when neither happens."""
     meshes = [(case.mesh, "mesh")] + ([(case.target, "reshard target")] if case.target else [])
     for mesh, role in meshes:
         for w in weights:
-            why = cut_problem(w, mesh, blocks)
+            why = cut_problem(w, mesh, blocks) if blocks else None
             if why:
                 return (f"{blocks.label}: weight {w.name} [{w.rows} x {w.cols}] on {role} "
                         f"{mesh.name}: {why}; shards must be whole blocks (model dims that are "
                         f"multiples of shards x block size)")
+    for mesh, role in meshes if quantized_gather else ():
+        for w in weights:
+            why = uneven_problem(w, mesh)
+            if why:
+                return (f"{case.recipe} all-gathered quantized: weight {w.name} [{w.rows} x "
+                        f"{w.cols}] on {role} {mesh.name}: {why} are uneven; TE's "
+                        f"fsdp_pre_all_gather returns the unpadded shard, so FSDP2 asserts on "
+                        f"the padded ranks and the others wait out the collective timeout "
+                        f"(model dims that are multiples of the shards)")
     return None
 
 

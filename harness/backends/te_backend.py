@@ -104,8 +104,10 @@ class TEBackend(TorchBackend):
         from harness.backends import layout
         if case.model_ref is not None:
             return None
+        gathered = case.recipe in RECIPE_CLASS and \
+            case.ax.get("mutation") != "no_quantized_allgather"  # te_mutations.py
         return layout.skip_reason(case, layout.te_weights(case.ax["module"], case.model),
-                                  layout.TE_BLOCKS.get(case.recipe))
+                                  layout.TE_BLOCKS.get(case.recipe), gathered)
 
     def preload(self) -> None:
         _import()
