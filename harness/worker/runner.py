@@ -175,9 +175,10 @@ class _Walk:
         if not failed:
             return None
         if not healthy(self.ctx, self.health_timeout_s):
-            self.rec.status(unit, "failed", f"failed (rank {failed[0][0]}: {failed[0][1]})")
+            rank, why = root_cause(failed)
+            self.rec.status(unit, "failed", f"failed (rank {rank}: {why})")
             raise GroupBroken(f"the process group is out of step after {unit} failed "
-                              f"(rank {failed[0][0]}: {failed[0][1]})")
+                              f"(rank {rank}: {why})")
         return _reason(failed, self.ctx.world_size)
 
 
@@ -191,6 +192,18 @@ def _failures(ctx, err: str | None) -> list[tuple[int, str]]:
     flags = [None] * ctx.world_size
     dist.all_gather_object(flags, err, group=ctx.control)
     return [(r, f) for r, f in enumerate(flags) if f is not None]
+
+
+WAITED = ("timed out", "timeout", "connection closed by peer", "connection reset by peer")
+
+
+def root_cause(failed: list[tuple[int, str]]) -> tuple[int, str]:
+    """The (rank, error) that says why the ranks fell out of step: the first rank whose error is
+    its own, not a wait for the others (a collective's timeout, a peer gone) -- an FSDP2
+    assertion on rank 3 left ranks 0-2 in its all-gather until gloo's timeout, and rank 0's
+    timeout had been the case's reason -- else the first rank's."""
+    own = [(r, f) for r, f in failed if not any(w in f.lower() for w in WAITED)]
+    return (own or failed)[0]
 
 
 def _reason(failed: list[tuple[int, str]], world_size: int) -> str:
