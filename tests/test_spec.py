@@ -73,8 +73,8 @@ def test_bad_reshard(tmp_path):
 def test_world_size_not_divisible(tmp_path):
     # global batch 8 cannot be split over 3 data-parallel ranks
     bad(tmp_path, with_axis(mesh=["dp3"]), "axes.mesh 'dp3'", "model.batch=8", "3 data-parallel")
-    # ffn 72 is fine for tp2 but heads 4 is not divisible by tp 8 (and out_features 30 by tp4)
-    bad(tmp_path, with_axis(mesh=["dp1xtp4"]), "model.out_features=30", "tp=4")
+    # out_features 30 (a Linear's output rows) is not divisible by tp 4
+    bad(tmp_path, with_axis(mesh=["dp1xtp4"], module=["Linear"]), "model.out_features=30", "tp=4")
     bad(tmp_path, {**with_axis(reshard=["to_dp16"])}, "axes.reshard 'to_dp16'", "16 data-parallel")
 
 
@@ -153,3 +153,19 @@ def test_shipped_scenarios_are_valid():
         backends = list(recipes) if isinstance(recipes, dict) else ["torch"]
         for backend in backends:
             assert expand(spec, backend)
+
+
+def test_a_tp_mesh_must_divide_only_the_dims_the_module_builds_with(tmp_path):
+    """A user's dp1xtp3 (the QA probe of 2026-11-29) had been refused for vocab=128, which no
+    TransformerLayer uses, and LayerNormMLP for out_features=30; the dims they build with are
+    still checked."""
+    model = {"hidden": 48, "ffn": 96, "heads": 6, "batch": 12}
+    for module in ("TransformerLayer", "LayerNormMLP", "MultiheadAttention"):
+        ok = write(tmp_path, {**with_axis(mesh=["dp1xtp3"], module=[module]), "model": model})
+        assert len(expand(load_scenario(ok), "torch")) == 4  # 2 recipes x 2 reshards
+    bad(tmp_path, {**with_axis(mesh=["dp1xtp3"], module=["Linear"]),
+                   "model": {**model, "out_features": 32}}, "model.out_features=32", "tp=3")
+    bad(tmp_path, {**with_axis(mesh=["dp1xtp3"], module=["TransformerLayer"]),
+                   "model": {**model, "ffn": 100}}, "model.ffn=100", "tp=3")
+    bad(tmp_path, {**with_axis(mesh=["dp1xtp3"], module=["MultiheadAttention"]),
+                   "model": {**model, "heads": 5}}, "model.hidden=48", "model.heads=5")

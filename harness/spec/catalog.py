@@ -49,6 +49,12 @@ RECIPES_BY_BACKEND = {
 
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer",
            "LlamaStack")
+#: the model dims each built-in module builds with, which a TP mesh must divide (a Linear has no
+#: heads or vocabulary: a tp3 mesh needs no vocab divisible by 3 there)
+TP_DIMS = {"Linear": ("hidden", "out_features"), "LayerNormLinear": ("hidden", "out_features"),
+           "LayerNormMLP": ("hidden", "ffn"), "MultiheadAttention": ("hidden", "heads"),
+           "TransformerLayer": ("hidden", "ffn", "heads"),
+           "LlamaStack": ("hidden", "ffn", "heads", "vocab")}
 
 # What a module is trained on: its inputs, targets and loss (harness/distributed/data.py). A module
 # axis value names a built-in module (MODULE_TASKS) or a model a scenario or an installed

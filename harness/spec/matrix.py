@@ -196,7 +196,8 @@ def expand(spec: ScenarioSpec, backend: str = catalog.DEFAULT_BACKEND) -> list[C
             v = axes[axis]
             if v != catalog.RESHARD_NONE:
                 target = v[len(catalog.RESHARD_PREFIX):] if axis == "reshard" else v
-                model.check_mesh(parse_mesh(target), f"axes.{axis} '{v}'", spec.path)
+                model.check_mesh(parse_mesh(target), f"axes.{axis} '{v}'", spec.path,
+                                 None if ref is not None else axes["module"])
                 if ref is not None and ref.tp_plan is None and parse_mesh(target).tp > 1:
                     raise ScenarioError(f"{spec.path}: axes.{axis} '{v}': model "
                                         f"'{ref.name}' ({ref.origin}) has no tp_plan; a TP "

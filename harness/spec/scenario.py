@@ -48,16 +48,20 @@ class ModelDims:
     layers: int = 2  # decoder layers of a stack (LlamaStack; factories may read it)
     vocab: int = 128  # token vocabulary (next_token models: embedding rows, LM head outputs)
 
-    def check_mesh(self, mesh, where: str, path="") -> None:
-        """Raise ScenarioError when a mesh cannot split these dims evenly where it must."""
+    def check_mesh(self, mesh, where: str, path="", module: str | None = None) -> None:
+        """Raise ScenarioError when a mesh cannot split these dims evenly where it must: the
+        dims ``module`` builds with (``catalog.TP_DIMS``; every dim for a factory's model or
+        where no module is given)."""
         where = f"{path}: {where}" if path else where
+        used = catalog.TP_DIMS.get(module or "",
+                                   ("hidden", "ffn", "heads", "out_features", "vocab"))
         if self.batch % mesh.dp_size:
             raise ScenarioError(f"{where}: model.batch={self.batch} is not divisible by the "
                                 f"{mesh.dp_size} data-parallel ranks of mesh {mesh.name}")
-        if self.hidden % self.heads:
+        if "heads" in used and self.hidden % self.heads:
             raise ScenarioError(f"{where}: model.hidden={self.hidden} is not divisible by "
                                 f"model.heads={self.heads}")
-        for name in ("hidden", "ffn", "heads", "out_features", "vocab"):
+        for name in used:
             if getattr(self, name) % mesh.tp:
                 raise ScenarioError(f"{where}: model.{name}={getattr(self, name)} is not "
                                     f"divisible by tp={mesh.tp} of mesh {mesh.name}")
