@@ -226,3 +226,28 @@ def test_every_recipe_takes_min_n_variants_and_the_key_names_what_they_measure(m
     assert od._key(pick["current"], "gloo", frozenset()) != key
     monkeypatch.setattr(on_demand, "VERSION", on_demand.VERSION - 1)
     assert od._key(pick["delayed"], "gloo", frozenset()) != key
+
+
+def test_a_changed_configuration_is_a_new_cache_key():
+    """A user's scenario edited in place (same name, another lr or dims) must not hit the
+    cached samples of the old configuration (their populations judge only the old one, and no
+    variants would run): the variants' scenario name carries the configuration, and so does
+    the key."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from harness.plugin.on_demand import OnDemand
+    case = expand(load_scenario(SCENARIO.parent / "te_unseen_config.yaml"), "te")[0]
+    hs = SimpleNamespace(config=SimpleNamespace(getoption=lambda name: "on", cache=None),
+                         env=SimpleNamespace(describe=lambda: {"torch": "x"},
+                                             placement=lambda case: ("gloo", None)),
+                         device="cuda")
+    od = OnDemand(hs)
+    key = od._key(case, "gloo", frozenset())
+    other_lr = dataclasses.replace(case, train=dataclasses.replace(case.train,
+                                                                   lr=case.train.lr * 3))
+    other_dims = dataclasses.replace(case, model=dataclasses.replace(case.model,
+                                                                     hidden=case.model.hidden * 2))
+    assert od._key(other_lr, "gloo", frozenset()) != key
+    assert od._key(other_dims, "gloo", frozenset()) != key
+    assert od._key(dataclasses.replace(case), "gloo", frozenset()) == key  # the same: a hit
