@@ -1,4 +1,4 @@
-"""Can a blocked quantized format shard this case's weights on its meshes? Decided at collection.
+"""Can this case's quantized weights be sharded on its meshes? Decided at collection.
 
 Blocked formats scale blocks of a weight together: FP8 block scaling 128x128 blocks, MXFP8 32
 elements (rowwise 1x32 and columnwise 32x1 copies), NVFP4 16. A shard boundary inside a block
@@ -7,7 +7,8 @@ shards) must be multiples of the block size. The reference backend raises Quanti
 deep inside FSDP2's ``fully_shard`` when they are not; TE falls back to high-precision
 all-gathers or asserts. :func:`skip_reason` says so before any launch, naming the weight, the
 mesh, the rows (or columns) per shard and the block size -- for the case's mesh and its reshard
-target.
+target. Weights all-gathered quantized (every quantized recipe, per-tensor too) must also shard
+evenly: :func:`uneven_problem`.
 
 How a mesh cuts a weight [rows x cols] (harness/distributed/parallel.py, reference/modules.py):
 TP first (column-parallel weights by rows, row-parallel ones by columns, ``tp`` pieces), then

@@ -20,7 +20,8 @@ class ReferenceBackend(TorchBackend):
     def skip_reason(self, case, device: str) -> str | None:
         """A factory's model with a quantized recipe (its plain layers are not quantized
         here); blocked formats whose blocks the case's meshes would cut (QuantizedLayoutError
-        at run time otherwise): a skip at collection, naming weight, mesh, rows and block size."""
+        at run time otherwise) and uneven shards of weights all-gathered quantized (a hang
+        otherwise): a skip at collection, naming weight, mesh and rows (layout.py)."""
         if case.model_ref is not None:
             if case.recipe in catalog.QUANTIZED_RECIPES:
                 return (f"model '{case.model_ref.name}' is built by a factory from plain torch "

@@ -99,8 +99,9 @@ class TEBackend(TorchBackend):
 
     @staticmethod
     def layout_skip_reason(case) -> str | None:
-        """TE's block-size requirements on the case's weights and meshes (layout.py); no CUDA
-        or TE import needed. A factory's model is its own (its layers are unknown here)."""
+        """TE's block-size requirements on the case's weights and meshes, and even FSDP2 shards
+        where they are all-gathered quantized (layout.py); no CUDA or TE import needed. A
+        factory's model is its own (its layers are unknown here)."""
         from harness.backends import layout
         if case.model_ref is not None:
             return None
