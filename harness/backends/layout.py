@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.spec import catalog
 from harness.spec.mesh import MeshSpec
 
 
@@ -74,6 +75,13 @@ def uneven_problem(w: Weight, mesh: MeshSpec) -> str | None:
     if mesh.shard > 1 and rows % mesh.shard:
         return f"{rows} rows over {mesh.shard} FSDP2 shards"
     return None
+
+
+def gathers_quantized(case, off_axis: str) -> bool:
+    """Whether FSDP2 all-gathers ``case``'s weights quantized: a quantized recipe whose
+    all-gather hooks its ``off_axis`` (the reference's ``fixes``, TE's ``mutation``) leaves on."""
+    return case.recipe in catalog.QUANTIZED_RECIPES and \
+        case.ax.get(off_axis) != "no_quantized_allgather"
 
 
 def skip_reason(case, weights: list[Weight], blocks: Blocks | None,

@@ -29,10 +29,9 @@ class ReferenceBackend(TorchBackend):
                         f"(a factory's model runs fp32 and bf16 here)")
             return None
         from harness.backends import layout
-        gathered = case.recipe in catalog.QUANTIZED_RECIPES and \
-            case.ax.get("fixes", "all") != "no_quantized_allgather"  # fixes/quantized_allgather
         return layout.skip_reason(case, layout.reference_weights(case.ax["module"], case.model),
-                                  layout.reference_blocks(case.recipe), gathered)
+                                  layout.reference_blocks(case.recipe),
+                                  layout.gathers_quantized(case, "fixes"))
 
     def build(self, case, mesh, mesh_spec, seed: int, device):
         from harness.distributed import modules as canonical_modules

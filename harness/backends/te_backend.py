@@ -99,16 +99,14 @@ class TEBackend(TorchBackend):
 
     @staticmethod
     def layout_skip_reason(case) -> str | None:
-        """TE's block-size requirements on the case's weights and meshes, and even FSDP2 shards
-        where they are all-gathered quantized (layout.py); no CUDA or TE import needed. A
-        factory's model is its own (its layers are unknown here)."""
+        """TE's layout requirements on the case's weights and meshes (layout.py; no CUDA or TE
+        import). A factory's model is its own (its layers are unknown here)."""
         from harness.backends import layout
         if case.model_ref is not None:
             return None
-        gathered = case.recipe in RECIPE_CLASS and \
-            case.ax.get("mutation") != "no_quantized_allgather"  # te_mutations.py
         return layout.skip_reason(case, layout.te_weights(case.ax["module"], case.model),
-                                  layout.TE_BLOCKS.get(case.recipe), gathered)
+                                  layout.TE_BLOCKS.get(case.recipe),
+                                  layout.gathers_quantized(case, "mutation"))
 
     def preload(self) -> None:
         _import()
