@@ -139,8 +139,9 @@ def test_uneven_shards_of_quantized_all_gathers_skip_at_collection(tmp_path):
     weight, mesh and rows; fp32 and the high-precision all-gather (the fix off) still run."""
     (tmp_path / "uneven.yaml").write_text(UNEVEN)
     be = backends.get("reference")
+    cases = expand(load_scenario(tmp_path / "uneven.yaml"), "reference")
     why = {(c.recipe, c.ax["mesh"], c.ax["reshard"], c.ax["fixes"]): be.skip_reason(c, "cpu")
-           for c in expand(load_scenario(tmp_path / "uneven.yaml"), "reference")}
+           for c in cases}
     assert why[("current", "dp4", "none", "all")] == (
         "current all-gathered quantized: weight weight [30 x 48] on mesh dp4: 30 rows over 4 "
         "FSDP2 shards are uneven; TE's fsdp_pre_all_gather returns the unpadded shard, so FSDP2 "
@@ -153,6 +154,5 @@ def test_uneven_shards_of_quantized_all_gathers_skip_at_collection(tmp_path):
     assert all(r is None for (recipe, _, _, fixes), r in why.items()
                if recipe == "fp32" or fixes == "no_quantized_allgather")
     assert sum(r is not None for r in why.values()) == 4  # current / delayed x dp4 x 2 reshards
-    te_case = next(c for c in expand(load_scenario(tmp_path / "uneven.yaml"), "reference")
-                   if c.recipe == "current" and c.ax["mesh"] == "dp4")
+    te_case = next(c for c in cases if c.recipe == "current" and c.ax["mesh"] == "dp4")
     assert "30 rows over 4 FSDP2 shards" in TEBackend.layout_skip_reason(te_case)

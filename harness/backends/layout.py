@@ -90,9 +90,9 @@ def skip_reason(case, weights: list[Weight], blocks: Blocks | None,
     reason: a cut inside a block (``blocks``), or -- where the weights are all-gathered
     quantized (``quantized_gather``) -- an uneven FSDP2 shard; None when neither happens."""
     meshes = [(case.mesh, "mesh")] + ([(case.target, "reshard target")] if case.target else [])
-    for mesh, role in meshes:
+    for mesh, role in meshes if blocks else ():
         for w in weights:
-            why = cut_problem(w, mesh, blocks) if blocks else None
+            why = cut_problem(w, mesh, blocks)
             if why:
                 return (f"{blocks.label}: weight {w.name} [{w.rows} x {w.cols}] on {role} "
                         f"{mesh.name}: {why}; shards must be whole blocks (model dims that are "
