@@ -62,8 +62,7 @@ def test_the_run_folds_in_the_older_switches(tmp_path):
     assert gpu == layers.ALL
     assert execution.rank_start(_hs(tmp_path)) == "fork"
     fresh = execution.accelerations(_hs(tmp_path, rank_start="fresh"))
-    assert fresh == layers.ALL.without("rank_server", "stager_fork", "stager_no_gpu",
-                                       "compile_preload")
+    assert fresh == layers.ALL.without("rank_server", "stager_fork", "stager_no_gpu")
     assert "lane_per_module" not in execution.accelerations(_hs(tmp_path, launches_per_gpu=2))
     cpu = execution.accelerations(_hs(tmp_path, device="cpu"))
     assert not {"stager_prestart", "stager_no_gpu", "lane_per_module", "cpu_priority"} & cpu.on

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from harness.speed import bytecode_cache, compile_preload, layers
+from harness.speed import bytecode_cache
 from harness.worker import stager_fork, tether
 
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "torch.distributed.checkpoint",
@@ -65,8 +65,6 @@ def preload(backend: str) -> None:
         importlib.import_module(name)
     from harness import backends
     backends.get(backend).preload()  # the library under test, as each rank's _init would
-    if layers.active("compile_preload") and compile_preload.wanted(backend):
-        compile_preload.load()
     _fill_caches()
     import torch
     if torch.cuda.is_initialized() or cuda_driver_initialized():

@@ -42,7 +42,7 @@ def accelerations(hs) -> layers.Accelerations:
     (``Launcher.speed``, ``layers.active``)."""
     acc = chosen(hs.config)
     if rank_start(hs) != "fork":
-        acc = acc.without("rank_server", "stager_fork", "stager_no_gpu", "compile_preload")
+        acc = acc.without("rank_server", "stager_fork", "stager_no_gpu")
     if hs.device != "cuda":
         acc = acc.without("stager_prestart", "stager_no_gpu", "lane_per_module",
                           "lanes_per_gpu", "pool_lanes", "cpu_priority")

@@ -36,11 +36,6 @@ LAYERS = (
           "launch/rank_server.py, launch/fork_agent.py, launch/server_preload.py",
           "--rank-start fresh; --rank-start auto where a cuda run sees no GPU; more than one "
           "node"),
-    Layer("compile_preload", "the rank server also does torch.compile's start-up (Dynamo, AOT "
-          "autograd, Inductor's prims and kernel templates, its cache keys) where the library "
-          "compiles at first use (TE's fused functions): forked ranks have it; plain: each rank "
-          "does it at its first compile",
-          "speed/compile_preload.py, launch/fork_agent.py (preload)", "no rank server"),
     Layer("stager_fork", "a rank's DCP async_process stager forks from the rank server; plain: "
           "DCP spawns it", "worker/stager_fork.py", "no rank server"),
     Layer("stager_no_gpu", "a forked stager sees no GPU (CUDA_VISIBLE_DEVICES empty): DCP's "
