@@ -8,7 +8,9 @@ deep inside FSDP2's ``fully_shard`` when they are not; TE falls back to high-pre
 all-gathers or asserts. :func:`skip_reason` says so before any launch, naming the weight, the
 mesh, the rows (or columns) per shard and the block size -- for the case's mesh and its reshard
 target. Weights all-gathered quantized (every quantized recipe, per-tensor too) must also shard
-evenly: :func:`uneven_problem`.
+evenly: :func:`uneven_problem`. And TE's quantized GEMMs need every dim a multiple of 16
+elements -- the tokens each rank multiplies and the weights' TP-local dims:
+:func:`gemm_problem`.
 
 How a mesh cuts a weight [rows x cols] (harness/distributed/parallel.py, reference/modules.py):
 TP first (column-parallel weights by rows, row-parallel ones by columns, ``tp`` pieces), then
@@ -84,11 +86,30 @@ def gathers_quantized(case, off_axis: str) -> bool:
         case.ax.get(off_axis) != "no_quantized_allgather"
 
 
+def gemm_problem(case, mesh: MeshSpec, weights: list[Weight], align: int) -> str | None:
+    """What of ``case``'s GEMMs on ``mesh`` is not a multiple of ``align`` elements: the tokens a
+    rank multiplies (its slice of the batch x seq; TP ranks share it) or a weight's TP-local
+    dims ("72 tokens per rank (batch 12 / 2 data-parallel ranks x seq 12)"), or None."""
+    d = case.model
+    tokens = d.batch // mesh.dp_size * d.seq
+    if tokens % align:
+        return (f"{tokens} tokens per rank (batch {d.batch} / {mesh.dp_size} data-parallel "
+                f"ranks x seq {d.seq})")
+    for w in weights:
+        rows = w.rows // mesh.tp if w.tp == "column" else w.rows
+        cols = w.cols // mesh.tp if w.tp == "row" else w.cols
+        if rows % align or cols % align:
+            return f"weight {w.name} [{rows} x {cols}] per TP rank"
+    return None
+
+
 def skip_reason(case, weights: list[Weight], blocks: Blocks | None,
-                quantized_gather: bool = False) -> str | None:
+                quantized_gather: bool = False, gemm_align: int | None = None) -> str | None:
     """The first weight of ``case`` its mesh (or reshard target) cannot shard, as a skip
     reason: a cut inside a block (``blocks``), or -- where the weights are all-gathered
-    quantized (``quantized_gather``) -- an uneven FSDP2 shard; None when neither happens."""
+    quantized (``quantized_gather``) -- an uneven FSDP2 shard; or, where the library's
+    quantized GEMMs need dims that are multiples of ``gemm_align``, a GEMM that is not; None
+    when none of these happens."""
     meshes = [(case.mesh, "mesh")] + ([(case.target, "reshard target")] if case.target else [])
     for mesh, role in meshes if blocks else ():
         for w in weights:
@@ -106,6 +127,12 @@ def skip_reason(case, weights: list[Weight], blocks: Blocks | None,
                         f"fsdp_pre_all_gather returns the unpadded shard, so FSDP2 asserts on "
                         f"the padded ranks and the others wait out the collective timeout "
                         f"(model dims that are multiples of the shards)")
+    for mesh, role in meshes if gemm_align else ():
+        why = gemm_problem(case, mesh, weights, gemm_align)
+        if why:
+            return (f"{case.recipe} GEMMs need dims that are multiples of {gemm_align} (TE's "
+                    f"cuBLASLt call asserts 'Leading dimension requirement ... Caller must "
+                    f"pad'): on {role} {mesh.name}, {why}")
     return None
 
 
@@ -161,6 +188,11 @@ TE_WEIGHTS["LlamaStack"] = lambda d: [  # every layer alike; embedding and tied 
 #: Float8BlockwiseQTensor: 128x128 weight blocks, FSDP2 shards in whole blocks of 128 rows;
 #: MXFP8Tensor: dims divisible by 32 (make_empty asserts it; a split that is not a multiple of
 #: 32 rows falls back to a high-precision all-gather); NVFP4: 16-element blocks, the same way.
+#: TE's quantized GEMMs: every leading dimension a multiple of 16 elements (cublaslt_gemm.cu
+#: CanonicalizeGemmInput asserts ``lda % 16 == 0`` for FP8; measured on TE 2.20.2 / H200 with
+#: 72 and 24 tokens per rank). The MXFP8 / NVFP4 block formats may need more (unmeasured: no
+#: sm_100 lent); their weights' blocks are TE_BLOCKS'.
+TE_GEMM_ALIGN = dict.fromkeys(catalog.QUANTIZED_RECIPES, 16)
 TE_BLOCKS = {"block": Blocks("Float8BlockScaling (128 x 128 weight blocks)", 128, 128, True),
              "mxfp8": Blocks("MXFP8BlockScaling (32-element blocks)", 32, 32, True),
              "nvfp4": Blocks("NVFP4BlockScaling (16-element blocks)", 16, 16, True)}

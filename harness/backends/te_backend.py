@@ -102,11 +102,10 @@ class TEBackend(TorchBackend):
         """TE's layout requirements on the case's weights and meshes (layout.py; no CUDA or TE
         import). A factory's model is its own (its layers are unknown here)."""
         from harness.backends import layout
-        if case.model_ref is not None:
-            return None
-        return layout.skip_reason(case, layout.te_weights(case.ax["module"], case.model),
-                                  layout.TE_BLOCKS.get(case.recipe),
-                                  layout.gathers_quantized(case, "mutation"))
+        r = case.recipe
+        return None if case.model_ref is not None else layout.skip_reason(
+            case, layout.te_weights(case.ax["module"], case.model), layout.TE_BLOCKS.get(r),
+            layout.gathers_quantized(case, "mutation"), layout.TE_GEMM_ALIGN.get(r))
 
     def preload(self) -> None:
         _import()
