@@ -10,6 +10,7 @@ import pytest
 
 from harness.plugin.failure_text import CaseFailed
 from harness.verdict import registry
+from harness.worker.runner import planned_units
 from harness.worker.workarounds import WORKAROUNDS
 
 
@@ -33,7 +34,7 @@ class RegistryMatch:
         """Give ``item`` its entries, the case its workarounds and the strict xfail marker;
         a registry error is a usage error."""
         try:
-            entries = self.registry.match(item.case, device, env)
+            entries = self.registry.match(item.case, device, env, planned_units(item.case))
             item.clean_entries = self.registry.clean_twin_entries(item.case, device, env)
         except registry.RegistryError as e:
             raise pytest.UsageError(str(e)) from None

@@ -48,9 +48,11 @@ can a failure that did not measure the metric (an error, a toleranced comparison
 from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
 only when each is > X, and a strict one must happen that large: a second bug on top of a known
 failure of the same quantity. Two failures with disjoint sizes do not overlap.
-``evidence`` names recorded runs the entry's measurements come from as ``<commit>:<path>`` --
-results are not kept in the tree, so each stays reachable with ``git show <commit>:<path>``
-(tests/test_registry_evidence.py resolves every one).
+``evidence`` names recorded runs the entry's measurements come from as ``<commit>:<path>``
+(``git show`` reaches each; tests/test_registry_evidence.py resolves every one).
+``scenario: "@user"`` selects every scenario no entry names (a user's own): entries for the
+library's defects list it, workarounds included. An entry applies only where a unit one of
+its strict failures names runs (a case without DCP checks never loads).
 Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
 recipe the GPU cannot run) are skips decided by the backend, never entries here.
 """
@@ -69,6 +71,7 @@ from harness.spec.matrix import Case
 from harness.verdict import regex_guard
 
 CASE_KEYS = ("scenario", "backend", "device")
+USER = "@user"  # a scenario pattern: every scenario the registry names nowhere
 CLEAN_VALUE = {"fixes": "all", "mutation": "none"}  # bug switches: axis -> value with no bug
 ENTRY_KEYS = {"match", "versions", "capability", "fails", "workaround", "reason", "details",
               "link", "evidence"}
@@ -188,11 +191,18 @@ class Entry:
     def checks(self) -> set[str]:
         return {f.check for f in self.fails}
 
-    def selects(self, coords: dict[str, str]) -> bool:
+    def selects(self, coords: dict[str, str], user: bool = False) -> bool:
+        """``user``: the case's scenario is one the registry names nowhere (``USER``)."""
         for key, pats in self.match.items():
+            if key == "scenario" and user and USER in pats:
+                continue
             if key not in coords or not any(fnmatch.fnmatchcase(coords[key], p) for p in pats):
                 return False
         return True
+
+    def runs_in(self, units) -> bool:
+        """Some strict failure it names is of a unit in ``units`` (those a case runs)."""
+        return any(f.strict and f.check in units for f in self.fails)
 
     def applies(self, env: dict[str, str | None]) -> bool:
         """Versions / capability of this environment are within the entry's ranges."""
@@ -236,11 +246,17 @@ class Registry:
         self.entries = entries
         self.path = path
         self.hits: dict[int, list[str]] = {e.number: [] for e in entries}
+        self.named = {p for e in entries for p in e.match.get("scenario", ()) if p != USER}
 
-    def match(self, case: Case, device: str, env: dict) -> list[Entry]:
-        """The entries that apply to ``case`` here; RegistryError when two name one check."""
-        c = coords(case, device)
-        found = [e for e in self.entries if e.selects(c) and e.applies(env)]
+    def user(self, scenario: str) -> bool:  # no entry names it: USER selects it
+        return not any(fnmatch.fnmatchcase(scenario, p) for p in self.named)
+
+    def match(self, case: Case, device: str, env: dict, units=None) -> list[Entry]:
+        """The entries that apply to ``case`` here (``units``: those the case runs, where
+        known); RegistryError when two name one check."""
+        c, user = coords(case, device), self.user(case.scenario)
+        found = [e for e in self.entries if e.selects(c, user) and e.applies(env)
+                 and (units is None or e.runs_in(units))]
         for i, a in enumerate(found):
             for b in found[i + 1:]:
                 both = sorted({str(f) for f in a.fails for g in b.fails if f.overlaps(g)})
@@ -262,7 +278,8 @@ class Registry:
         for axis, off in CLEAN_VALUE.items():
             if c.get(axis, off) != off:
                 clean = dict(c, **{axis: off})
-                return [e for e in self.entries if e.selects(clean) and e.applies(env)]
+                user = self.user(case.scenario)
+                return [e for e in self.entries if e.selects(clean, user) and e.applies(env)]
         return None
 
     def stale(self, scenarios: set[str], backend: str | None = None,

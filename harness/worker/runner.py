@@ -63,6 +63,17 @@ def producers_for(phase: str, checks, for_reshard: bool = False) -> list:
     return [p for p in mine if set(p.makes) & need]
 
 
+def planned_units(case) -> set[str]:
+    """The units (checks, producers, ``case``) ``case`` runs: what an xfail entry may name
+    failing there. A backend's own checks (``for_case``) need only the trained model."""
+    core = [c for c in checks_mod.core() if c.name in case.checks]
+    units = set(case.checks) | {"case"}
+    for phase in ("train", "reshard") if case.target else ("train",):
+        mine = [c for c in core if c.phase == phase]
+        units |= {p.name for p in producers_for(phase, mine, case.target is not None)}
+    return units
+
+
 def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
               for_reshard: bool = False) -> None:
     checks = [c for c in checks_mod.for_case(ctx.backend, case) if c.phase == phase]
