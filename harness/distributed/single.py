@@ -71,11 +71,31 @@ def tp_twin_mesh(device_type: str, ranks: list[int], names: dict | None,
     key = (device_type, dims, tuple(ranks))
     if key not in _MESHES:
         shard = singleton_mesh(device_type, names).get_group()
-        tp = dist.new_group(list(ranks), backend=LOCAL_BACKEND, timeout=timeout,
-                            use_local_synchronization=True)
+        tp = twin_tp_group(ranks, timeout)
         _MESHES[key] = DeviceMesh.from_group([shard, tp], device_type, mesh=[list(ranks)],
                                              mesh_dim_names=dims)
     return _MESHES[key]
+
+
+def twin_tp_group(ranks, timeout: timedelta):
+    """The TP twin's gloo group over ``ranks``, made by EVERY rank of the launch (plain
+    ``new_group``: its name is the world's group count, the same on every rank). Not
+    ``use_local_synchronization``: that names the group sha1(ranks + this process's number of
+    groups), which differs between twin ranks once an earlier twin of fewer ranks (dp3xtp2's
+    [0, 1] before dp2xtp3's [0, 1, 2]) made groups on some of them -- each then waits out the
+    group's timeout in the gloo rendezvous, under a prefix its peers never write."""
+    key = ("tp_group", tuple(ranks))
+    if key not in _MESHES:
+        _MESHES[key] = dist.new_group(list(ranks), backend=LOCAL_BACKEND, timeout=timeout)
+    return _MESHES[key]
+
+
+def prepare(case) -> None:
+    """Every rank, before any unit (worker/runner.py, where the phase runs the twin): the TP
+    twin's group of ``case`` (a collective over the world: a rank whose unit raised would
+    never join it)."""
+    if case.mesh.tp > 1:
+        twin_tp_group(twin_ranks(case.mesh), timedelta(seconds=case.timeout_s))
 
 
 def _local(t):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from harness import checks as checks_mod
 from harness.checks.base import Artifacts
-from harness.distributed import checkpoint, faults
+from harness.distributed import checkpoint, faults, single
 from harness.distributed.checkpoint import describe
 from harness.distributed.gather import on_rank0
 from harness.worker.producers import PRODUCERS, TRAIN_MISSING, NotRunnable
@@ -81,6 +81,8 @@ def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
     walk = _Walk(ctx, case, art, rec, health_timeout_s)
     pending = list(checks)
     producers = producers_for(phase, checks, for_reshard)
+    if any(p.name == "single_rank" for p in producers):  # every rank, before any unit
+        single.prepare(case)
     try:
         with ctx.backend.case_context(case):
             for p in producers:
