@@ -60,8 +60,10 @@ def test_every_printed_xfail_reason_is_one_short_line():
         assert "\n" not in reason and len(reason) <= REASON_MAX, (item.case.id, reason)
         assert reason.startswith("xfail entr"), reason
         assert mark.kwargs["strict"] is True
-    # every entry applies to some case here, so every entry's reason was checked above
-    assert {e.number for e in reg.entries} == {e.number for i in marked for e in i.entries}
+    # every entry applies to some case here, so every entry's reason was checked above --
+    # but those for users' scenarios alone (registry.USER), whose reasons the next test checks
+    shipped = {e.number for e in reg.entries if e.match.get("scenario") != [registry.USER]}
+    assert shipped == {e.number for i in marked for e in i.entries}
 
 
 def test_shipped_entries_keep_their_measurements_in_details():
