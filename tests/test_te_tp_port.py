@@ -359,7 +359,10 @@ def test_te_backend_builds_tp_modules_through_the_port(fake_world, monkeypatch):
     assert m(torch.randn(2, H)).shape == (2, H)  # the column-parallel output gathered over TP
     monkeypatch.setattr(te_backend, "_import", lambda: (te, "2.20.2", None))
     backend = te_backend.TEBackend()
-    assert backend.skip_reason(case, "cuda") is None  # TP cases run (through the port)
+    # TP cases run (through the port), at dims TE's FP8 GEMMs take (multiples of 16 a TP rank)
+    wide = SimpleNamespace(**{**vars(case), "model": ModelDims(hidden=64, out_features=64)})
+    assert backend.skip_reason(wide, "cuda") is None
+    assert "weight weight [4 x 8] per TP rank" in backend.skip_reason(case, "cuda")
     assert backend.versions() == {"te": "2.20.2", "te_tp": te_tp.BUNDLED}
     assert te_tp.BUNDLED in backend.case_notes(case)["te_tp"]
     assert backend.case_notes(SimpleNamespace(mesh=parse_mesh("dp2"), target=None)) == {}

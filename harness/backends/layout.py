@@ -189,9 +189,9 @@ TE_WEIGHTS["LlamaStack"] = lambda d: [  # every layer alike; embedding and tied 
 #: MXFP8Tensor: dims divisible by 32 (make_empty asserts it; a split that is not a multiple of
 #: 32 rows falls back to a high-precision all-gather); NVFP4: 16-element blocks, the same way.
 #: TE's quantized GEMMs: every leading dimension a multiple of 16 elements (cublaslt_gemm.cu
-#: CanonicalizeGemmInput asserts ``lda % 16 == 0`` for FP8; measured on TE 2.20.2 / H200 with
-#: 72 and 24 tokens per rank). The MXFP8 / NVFP4 block formats may need more (unmeasured: no
-#: sm_100 lent); their weights' blocks are TE_BLOCKS'.
+#: CanonicalizeGemmInput asserts ``lda % 16 == 0`` for FP8; what was seen: docs/scenarios.md).
+#: The MXFP8 / NVFP4 block formats may need more (unmeasured); their weights' blocks are
+#: TE_BLOCKS'.
 TE_GEMM_ALIGN = dict.fromkeys(catalog.QUANTIZED_RECIPES, 16)
 TE_BLOCKS = {"block": Blocks("Float8BlockScaling (128 x 128 weight blocks)", 128, 128, True),
              "mxfp8": Blocks("MXFP8BlockScaling (32-element blocks)", 32, 32, True),

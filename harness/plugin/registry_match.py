@@ -10,7 +10,6 @@ import pytest
 
 from harness.plugin.failure_text import CaseFailed
 from harness.verdict import registry
-from harness.worker.runner import planned_units
 from harness.worker.workarounds import WORKAROUNDS
 
 
@@ -33,6 +32,7 @@ class RegistryMatch:
     def apply(self, item, device: str, env: dict) -> None:
         """Give ``item`` its entries, the case its workarounds and the strict xfail marker;
         a registry error is a usage error."""
+        from harness.worker.runner import planned_units  # imports torch: at collection only
         try:
             entries = self.registry.match(item.case, device, env, planned_units(item.case))
             item.clean_entries = self.registry.clean_twin_entries(item.case, device, env)
