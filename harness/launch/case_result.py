@@ -15,7 +15,7 @@ from harness.spec.matrix import Case
 @dataclass
 class CaseResult:
     case: Case
-    status: str  # "ok" | "error" | "timeout" | "crash" (the worst of its tasks)
+    status: str  # "ok" | "error" | "timeout" | "crash" | "cancelled" (the worst of its tasks)
     rows: list[dict] = field(default_factory=list)  # each with "phase"
     errors: list[str] = field(default_factory=list)
     stacks: str = ""
@@ -32,7 +32,7 @@ class CaseResult:
         return self.status == "ok" and not self.failed_rows
 
 
-_SEVERITY = {"ok": 0, "error": 1, "crash": 2, "timeout": 3}
+_SEVERITY = {"ok": 0, "error": 1, "crash": 2, "timeout": 3, "cancelled": 3}
 
 
 def save_missing(r: TaskResult) -> str:

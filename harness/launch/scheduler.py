@@ -9,11 +9,10 @@ already ran first; a lane with nothing of its own left takes over the module wit
 seconds left per lane running it (``lane_choice.affinity``: a module's first use under a recipe
 costs seconds per process on GPU; ``seconds``: what the tasks took in the last run, where
 known). ``concurrency`` bounds the *busy* lanes (one on a small CPU box); an idle lane waits
-for a dependency at no cost. Larger worlds go first.
-
-The scheduler's state belongs to the thread that calls :meth:`Scheduler.result` (pytest's
-main thread): it puts tasks into the feeds and reads what the lanes post on its event queue;
-a lane never calls into it. Scopes (xdist groups) keep lanes apart.
+for a dependency at no cost. Larger worlds go first. ``after`` sees each batch of results
+(the plugin cancels what a timeout makes pointless). Its state is the thread's that calls
+:meth:`Scheduler.result` (pytest's main one): it feeds the lanes and reads what they post on
+its event queue; a lane never calls into it. Scopes (xdist groups) keep lanes apart.
 """
 
 from __future__ import annotations
@@ -40,8 +39,10 @@ WAIT_S = 1.0  # the longest the scheduler sleeps between looks at its lanes
 class Scheduler:
     def __init__(self, launcher: Launcher, cases: list[Case], ckpt_root: Path,
                  scope_of: Callable[[Case], str] = lambda c: "all",
-                 concurrency: int | None = None, seconds: dict[str, float] | None = None):
+                 concurrency: int | None = None, seconds: dict[str, float] | None = None,
+                 after: Callable[["Scheduler", dict], None] = lambda s, done: None):
         self.launcher, self.affinity = launcher, "lane_affinity" in launcher.speed
+        self.after = after  # sees each batch of results (on the scheduler's thread)
         self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher))
         self.seconds = TaskSeconds(seconds)  # what a lane taking over a module weighs
         self.done = self.graph.done  # task name -> TaskResult
@@ -73,16 +74,14 @@ class Scheduler:
         return assemble(case, self.graph.tasks[case.key], self.done)
 
     def finished(self, case: Case) -> CaseResult | None:
-        """The case's result if every task of it has one (without launching), else None: what
-        an interrupted run can still record."""
+        """The case's result where every task of it has one (no launch), else None."""
         if case.key not in self.graph.tasks or self.graph.pending(case.key):
             return None
         return assemble(case, self.graph.tasks[case.key], self.done)
 
     # -- what the lanes posted ---------------------------------------------------------------
     def _handle(self, timeout_s: float | None) -> None:
-        """Apply the lanes' events: the first waited for up to ``timeout_s`` (None: none
-        waited for), then every one already there."""
+        """Apply the lanes' events: the first waited for up to ``timeout_s`` (or none)."""
         try:
             event = self.events.get(timeout=timeout_s) if timeout_s else self.events.get_nowait()
         except queue.Empty:
@@ -92,6 +91,7 @@ class Scheduler:
             if kind == "finished":
                 self.done.update(payload)
                 lane.assigned.difference_update(payload)
+                self.after(self, payload)
             elif kind == "requeue":
                 lane.assigned.difference_update(t.name for t in payload)
             else:  # "end": the lane's thread is done
@@ -104,15 +104,14 @@ class Scheduler:
                 return
 
     # -- which lane may take what ------------------------------------------------------------
-    def _held(self) -> set[str]:
+    def held(self) -> set[str]:  # the tasks lanes hold (no result yet)
         return {n for lanes in self._lanes.values() for lane in lanes for n in lane.assigned}
 
     def _ready(self, key: tuple) -> list[list[Task]]:
-        return self.graph.ready(key, self._held())
+        return self.graph.ready(key, self.held())
 
     def _may_run(self, lane: "_Lane | None", key: tuple) -> bool:
-        """Within ``concurrency`` busy lanes; when that is bounded, the first key in order with
-        ready work goes first."""
+        """Within ``concurrency`` busy lanes; if bounded, the first key with ready work first."""
         if self.concurrency is None or (lane is not None and lane.assigned):
             return True
         busy = sum(1 for lanes in self._lanes.values() for ln in lanes if ln.assigned)
@@ -157,7 +156,7 @@ class Scheduler:
                 lane.feed.put(got)
                 lanes.append(lane)
                 lane.start()
-            if not self.graph.open(key, self._held()):  # every task has a result or a lane
+            if not self.graph.open(key, self.held()):  # every task has a result or a lane
                 for lane in lanes:
                     lane.close()
 

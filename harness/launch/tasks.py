@@ -29,7 +29,7 @@ class Task:
 @dataclass
 class TaskResult:
     name: str
-    status: str  # "ok" (ran; rows say pass/fail) | "error" | "timeout" | "crash"
+    status: str  # "ok" (ran; rows say pass/fail) | "error" | "timeout" | "crash" | "cancelled"
     rows: list[dict] = field(default_factory=list)
     errors: dict = field(default_factory=dict)  # rank -> traceback
     seconds: float = 0.0

@@ -144,16 +144,17 @@ class Execution:
         ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
         return ex
 
-    def start(self, cases: list[Case], *, per_scope: bool) -> None:
+    def start(self, cases: list[Case], *, per_scope: bool, after=None) -> None:
         """The scheduler of the run's runnable ``cases``; ``per_scope``: one scheduling scope
         per world size (xdist workers), else one for all. On a small CPU box one launch runs at
         a time (overlapping launches would only fight over the cores). It weighs the tasks by
         the seconds they took in the last run, where known (task_seconds.py, ``for_run``). The
-        lanes start at once."""
+        lanes start at once. ``after``: sees each batch of results (the scheduler's)."""
         self.scheduler = Scheduler(self.launcher, cases, self.work / "ckpt",
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if self.launcher.device == "cuda"
-                                   else max(1, (os.cpu_count() or 1) // 4), seconds=self.seconds)
+                                   else max(1, (os.cpu_count() or 1) // 4), seconds=self.seconds,
+                                   after=after or (lambda sched, done: None))
         tasks = self.scheduler.graph.all
         self.launcher.expect(cases, tasks, self.seconds)
         self.seconds_known = f"{sum(t.name in self.seconds for t in tasks)} of {len(tasks)}"

@@ -20,6 +20,7 @@ import time
 from harness import calibration
 from harness.calibration import on_demand
 from harness.calibration.tolerances import UNJUDGED
+from harness.launch.tasks import TaskResult
 
 CACHE_PREFIX = "harness-on-demand/"  # pytest cache keys: <prefix><group key>
 
@@ -48,6 +49,8 @@ class OnDemand:
         self.cached: set[str] = set()  # group keys found in the cache
         self.pools: dict[tuple, list[dict]] = {}  # _pool -> the samples' rows (cached too)
         self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
+        self.variant_group: dict[str, str] = {}  # variant id -> its group key
+        self.cancelled = 0  # variants cancelled after a timeout of their configuration
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
         """The cache key of ``case``'s variants: what a variant measures, configuration,
@@ -86,6 +89,7 @@ class OnDemand:
                 elif self.mode != "off":
                     self.groups[key] = on_demand.variants(base)
                     self.leave_out[key] = leave_out
+                    self.variant_group.update((v.id, key) for v in self.groups[key])
         seen, out = set(), []
         for vs in self.groups.values():
             for v in vs:
@@ -94,19 +98,31 @@ class OnDemand:
                     out.append(v)
         return out
 
+    def siblings(self, case) -> list:
+        """The variants a timeout of ``case`` cancels: a case's, or a variant's fellow variants
+        -- clean copies of one configuration, which would each wait out the same timeout (a
+        structural hang: an uneven shard, a group its ranks name differently)."""
+        keys = ([self.variant_group[case.id]] if case.id in self.variant_group
+                else self.case_group.get(case.id, ()))
+        return [v for k in keys for v in self.groups.get(k, ()) if v.id != case.id]
+
     def _measure(self, key: str, scheduler) -> None:
-        rows, seconds = [], 0.0
+        """Run (wait for) the group's variants and take their populations; cached for later
+        runs unless a variant was cancelled (a later run measures the group again)."""
+        rows, seconds, cancelled = [], 0.0, 0
         for v in self.groups[key]:
             res = scheduler.result(v)
             pg, _ = self.hs.env.placement(v)
             seconds += res.seconds or 0.0
+            cancelled += res.status == "cancelled"
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
                                            self.hs.run_id, self.leave_out[key],
                                            reshard_only=v.target is not None)
         self._write(rows, key)
         self._take(_pool(self.groups[key][0]), rows)
         self.done[key] = seconds
-        if self.cache is not None:
+        self.cancelled += cancelled
+        if self.cache is not None and not cancelled:
             self.cache.set(CACHE_PREFIX + key, {"rows": rows, "at": time.time()})
 
     def _take(self, pool: tuple, rows: list[dict]) -> None:
@@ -141,7 +157,10 @@ class OnDemand:
             n = sum(len(self.groups[k]) for k in self.done)
             out.append(f"calibrated on demand: {len(self.done)} configuration(s) without a "
                        f"population, {n} clean seeded variant(s), {sum(self.done.values()):.1f} "
-                       f"case-seconds; cached for later runs (pytest's cache)")
+                       f"case-seconds; cached for later runs (pytest's cache)"
+                       + (f"; {self.cancelled} variant(s) cancelled after a timeout of their "
+                          f"configuration (not cached: measured again next run)"
+                          if self.cancelled else ""))
         if self.cached:
             out.append(f"on-demand populations from the cache of an earlier run: "
                        f"{len(self.cached)} configuration(s)")
@@ -157,3 +176,20 @@ class OnDemand:
         out = self.hs.record.report_dir / "calibration_on_demand" / "history"
         out.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_parquet(out / f"{self.hs.run_id}-{key}.parquet")
+
+
+def cancel_after_timeout(siblings, sched, finished: dict) -> None:
+    """A scheduler's ``after``: for each task of ``finished`` that timed out, the tasks of its
+    case's ``siblings`` (:meth:`OnDemand.siblings`) that have no result and no lane end as
+    cancelled, saying why (a lane already running one lets it run, bounded by its timeout)."""
+    held = sched.held()
+    for name, r in finished.items():
+        if r.status != "timeout":
+            continue
+        case = next(t.case for t in sched.graph.all if t.name == name)
+        why = (f"cancelled: {case.id} ({name.rsplit('.', 1)[1]}) timed out after "
+               f"{r.seconds:.0f} s; this clean variant of its configuration would wait as long")
+        for v in siblings(case):
+            for t in sched.graph.tasks.get(v.key, ()):
+                if t.name not in sched.done and t.name not in held:
+                    sched.done[t.name] = TaskResult(t.name, "cancelled", errors={-1: why})

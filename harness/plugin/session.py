@@ -12,6 +12,7 @@ store (``harness/results/store.py``) and summarized in the terminal.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, execution_meta, scope_of
 from harness.plugin.failure_text import FailureFormatter
 from harness.plugin.items import CaseItem, of_world_size
-from harness.plugin.on_demand import OnDemand
+from harness.plugin.on_demand import OnDemand, cancel_after_timeout
 from harness.plugin.registry_match import RegistryMatch
 from harness.plugin.selection import ScenarioSelection, project_root
 from harness.results import store
@@ -143,7 +144,9 @@ class HarnessSession:
         self.on_demand = OnDemand(self)  # calibration the cases need, run beside them
         self.execution = Execution.for_run(self)
         self.execution.start([c for c, _ in runnable] + self.on_demand.plan(runnable),
-                             per_scope=self.worker_id is not None)
+                             per_scope=self.worker_id is not None,
+                             after=functools.partial(cancel_after_timeout,
+                                                     self.on_demand.siblings))
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
 
