@@ -53,3 +53,26 @@ def test_without_a_timeout_nothing_is_cancelled():
     with Scheduler(fake, cases, Path("/nonexistent"), concurrency=1,
                    after=functools.partial(cancel_after_timeout, siblings)) as sched:
         assert {sched.result(c).status for c in cases} == {"ok"}
+
+
+def test_only_clean_copies_of_one_configuration_are_siblings(tmp_path):
+    """A variant's fellows, and a case's own variants where it is one of them but for the
+    seed; a faulted or async case that hangs may hang for that alone: its variants run."""
+    from harness.calibration import on_demand as rules
+    from harness.plugin.on_demand import OnDemand
+    from harness.spec.matrix import expand
+    from harness.spec.scenario import load_scenario
+    (tmp_path / "mine.yaml").write_text(
+        "name: mine\ndescription: d\naxes:\n  recipe: [bf16]\n  mesh: [dp2]\n"
+        "  module: [Linear]\n  dcp: [sync, async_thread]\n  reshard: [none]\n"
+        "  fault: [none, hang]\n")
+    cases = {(c.ax["dcp"], c.ax["fault"]): c for c in expand(load_scenario(tmp_path /
+                                                                           "mine.yaml"))}
+    od = OnDemand.__new__(OnDemand)
+    variants = rules.variants(cases[("sync", "none")])
+    od.groups, od.variant_group = {"k": variants}, {v.id: "k" for v in variants}
+    od.case_group = {c.id: ["k"] for c in cases.values()}  # they share the configuration
+    assert od.siblings(cases[("sync", "none")]) == variants
+    assert od.siblings(variants[0]) == variants[1:]
+    assert od.siblings(cases[("sync", "hang")]) == []
+    assert od.siblings(cases[("async_thread", "none")]) == []

@@ -99,11 +99,17 @@ class OnDemand:
         return out
 
     def siblings(self, case) -> list:
-        """The variants a timeout of ``case`` cancels: a case's, or a variant's fellow variants
-        -- clean copies of one configuration, which would each wait out the same timeout (a
-        structural hang: an uneven shard, a group its ranks name differently)."""
-        keys = ([self.variant_group[case.id]] if case.id in self.variant_group
-                else self.case_group.get(case.id, ()))
+        """The variants a timeout of ``case`` cancels: a variant's fellow variants, or a case's
+        own variants where it is one of them but for the seed -- clean copies of one
+        configuration, which would each wait out the same timeout (a structural hang: an
+        uneven shard, a group its ranks name differently). A case with a fault, a bug switch
+        or an async save may hang for that alone: its variants still run."""
+        if case.id in self.variant_group:
+            keys = [self.variant_group[case.id]]
+        else:
+            bare = {a: v for a, v in case.axes if a != "seed"}
+            keys = [k for k in self.case_group.get(case.id, ()) if k in self.groups
+                    and {a: v for a, v in self.groups[k][0].axes if a != "seed"} == bare]
         return [v for k in keys for v in self.groups.get(k, ()) if v.id != case.id]
 
     def _measure(self, key: str, scheduler) -> None:
