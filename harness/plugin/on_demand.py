@@ -50,6 +50,7 @@ class OnDemand:
         self.pools: dict[tuple, list[dict]] = {}  # _pool -> the samples' rows (cached too)
         self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
         self.variant_group: dict[str, str] = {}  # variant id -> its group key
+        self.group_pool: dict[str, tuple] = {}  # group key -> its pool (groups to measure)
         self.cancelled = 0  # variants cancelled after a timeout of their configuration
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
@@ -71,7 +72,10 @@ class OnDemand:
         for case, entries in cases:
             pg, _ = self.hs.env.placement(case)
             leave_out = self.case_leave_out[case.id] = on_demand.excluded(entries)
-            miss = [(c, q) for c, q in on_demand.missing(case, device, pg, self.measured)
+            # against the package alone: every group of a pool is loaded or measured, not only
+            # those planned before the first cached one filled it (a tolerance must not depend
+            # on the cache's state)
+            miss = [(c, q) for c, q in on_demand.missing(case, device, pg, self.packaged)
                     if (c, None) not in leave_out and (c, q) not in leave_out]
             if not miss:  # (a registered failure is judged by its entry's bounds)
                 continue
@@ -87,6 +91,7 @@ class OnDemand:
                     self._take(_pool(base), hit["rows"])
                     self.cached.add(key)
                 elif self.mode != "off":
+                    self.group_pool[key] = _pool(base)
                     self.groups[key] = on_demand.variants(base)
                     self.leave_out[key] = leave_out
                     self.variant_group.update((v.id, key) for v in self.groups[key])
@@ -124,7 +129,7 @@ class OnDemand:
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
                                            self.hs.run_id, self.leave_out[key],
                                            reshard_only=v.target is not None)
-        self._write(rows, key)
+        write_history(self.hs, rows, key)
         self._take(_pool(self.groups[key][0]), rows)
         self.done[key] = seconds
         self.cancelled += cancelled
@@ -144,8 +149,11 @@ class OnDemand:
         """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged."""
         if not any(r.get("outcome") == UNJUDGED for r in rows):
             return 0
-        for key in self.case_group.get(case.id, ()):
-            if key in self.groups and key not in self.done:
+        # every group of the case's pools first: a pool's populations, and so the case's
+        # tolerance, must not depend on which of its cases is judged first
+        pools = {self.group_pool.get(k) for k in self.case_group.get(case.id, ())}
+        for key in [k for k, p in self.group_pool.items() if p in pools]:
+            if key not in self.done:
                 self._measure(key, scheduler)
         pg, _ = self.hs.env.placement(case)
         left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
@@ -172,17 +180,6 @@ class OnDemand:
                        f"{len(self.cached)} configuration(s)")
         return out
 
-    def _write(self, rows: list[dict], key: str) -> None:
-        """The variants' rows as a history file under the report dir's
-        calibration_on_demand/history -- what ``python -m harness calibrate --history DIR``
-        reads to make them part of the packaged calibration."""
-        if not rows or not self.hs.record.write_reports:
-            return
-        import pandas as pd
-        out = self.hs.record.report_dir / "calibration_on_demand" / "history"
-        out.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_parquet(out / f"{self.hs.run_id}-{key}.parquet")
-
 
 def cancel_after_timeout(siblings, sched, finished: dict) -> None:
     """A scheduler's ``after``: for each task of ``finished`` that timed out, the tasks of its
@@ -199,3 +196,15 @@ def cancel_after_timeout(siblings, sched, finished: dict) -> None:
             for t in sched.graph.tasks.get(v.key, ()):
                 if t.name not in sched.done and t.name not in held:
                     sched.done[t.name] = TaskResult(t.name, "cancelled", errors={-1: why})
+
+
+def write_history(hs, rows: list[dict], key: str) -> None:
+    """The variants' rows as a history file under the report dir's
+    calibration_on_demand/history -- what ``python -m harness calibrate --history DIR``
+    reads to make them part of the packaged calibration."""
+    if not rows or not hs.record.write_reports:
+        return
+    import pandas as pd
+    out = hs.record.report_dir / "calibration_on_demand" / "history"
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(out / f"{hs.run_id}-{key}.parquet")
