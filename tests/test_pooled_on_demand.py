@@ -41,3 +41,22 @@ def test_both_meshes_are_judged_by_the_whole_pool_measured_or_cached(tmp_path):
     pd.testing.assert_frame_equal(first, second)  # the same tolerances from the cache
     per_q = first.reset_index().groupby("quantity")["tolerance"].nunique()
     assert (per_q == 1).all(), first  # one pool: both meshes judged alike
+
+
+def test_a_population_the_grown_pool_refuses_no_longer_judges(monkeypatch):
+    """A pool's first group gave a plausible population; the next one's samples make it
+    implausible: it is refused, and the first group's no longer judges (it had stayed)."""
+    from harness.calibration import on_demand as rules
+    from harness.plugin.on_demand import OnDemand
+    key = ("fp32_parity", "params", "bf16", "mse", "reference", "cpu", "gloo", "cfg", "2",
+           "Linear", "rel_l2")
+    found = iter([({key: dict(n=10, p99=1e-4, max=1e-4)}, {}),
+                  ({}, {key[:4]: "implausible"})])
+    monkeypatch.setattr(rules, "populations", lambda rows: None)
+    monkeypatch.setattr(rules, "screen", lambda pops, packaged: next(found))
+    od = OnDemand.__new__(OnDemand)
+    od.packaged, od.measured, od.pools, od.taken, od.refused = {}, {}, {}, {}, {}
+    od._take(("pool",), [{"row": 1}])
+    assert od.measured == {key: dict(n=10, p99=1e-4, max=1e-4)}
+    od._take(("pool",), [{"row": 2}])
+    assert key not in od.measured and od.refused == {key[:4]: "implausible"}

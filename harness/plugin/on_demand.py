@@ -48,6 +48,7 @@ class OnDemand:
         self.done: dict[str, float] = {}  # group key -> seconds its variants took (this run)
         self.cached: set[str] = set()  # group keys found in the cache
         self.pools: dict[tuple, list[dict]] = {}  # _pool -> the samples' rows (cached too)
+        self.taken: dict[tuple, dict] = {}  # _pool -> the populations it gives now
         self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
         self.variant_group: dict[str, str] = {}  # variant id -> its group key
         self.group_pool: dict[str, tuple] = {}  # group key -> its pool (groups to measure)
@@ -138,11 +139,13 @@ class OnDemand:
 
     def _take(self, pool: tuple, rows: list[dict]) -> None:
         """Add a group's rows to its pool and derive the pool's populations anew (meshes of
-        one world size measured by two groups make one population, not the last one's)."""
+        one world size measured by two groups make one population, not the last one's): what
+        the grown pool refuses no longer judges, though its first group's was taken."""
         self.pools.setdefault(pool, []).extend(rows)
-        taken, refused = on_demand.screen(on_demand.populations(self.pools[pool]),
-                                          self.packaged)
-        self.measured.update(taken)
+        self.taken[pool], refused = on_demand.screen(on_demand.populations(self.pools[pool]),
+                                                     self.packaged)
+        self.measured = {**self.packaged, **{k: v for t in self.taken.values()
+                                             for k, v in t.items()}}
         self.refused.update(refused)
 
     def resolve(self, case, rows: list[dict], scheduler) -> int:
