@@ -251,3 +251,18 @@ def test_a_changed_configuration_is_a_new_cache_key():
     assert od._key(other_lr, "gloo", frozenset()) != key
     assert od._key(other_dims, "gloo", frozenset()) != key
     assert od._key(dataclasses.replace(case), "gloo", frozenset()) == key  # the same: a hit
+
+
+def test_a_refusal_at_another_configuration_gives_no_reason_here():
+    """A population refused at one configuration names its reason for that configuration's
+    cases only: a case elsewhere missing the same quantity says why it is missing there
+    (refusals were remembered by check, quantity, recipe and loss alone)."""
+    case = _case()
+    other = dataclasses.replace(case, model=dataclasses.replace(case.model, hidden=40))
+    packaged = _measured(dataclasses.replace(case, model=dataclasses.replace(case.model,
+                                                                            hidden=48)))
+    _, refused = on_demand.screen(_measured(other, p99_rel=0.5), packaged)
+    assert refused
+    rows = _rows({("fp32_parity", "params"): (0.1, 0.4)})
+    assert on_demand.rejudge(case, rows, "cpu", "gloo", packaged, refused) == 1
+    assert "over 10x" not in rows[0]["detail"] and "unjudged: " in rows[0]["detail"]

@@ -171,14 +171,15 @@ def implausible(key: tuple, row: dict, packaged: dict) -> str | None:
 
 
 def screen(found: dict, packaged: dict) -> tuple[dict, dict]:
-    """(taken, refused) of on-demand measurements ``found``: refused -- (check, quantity,
-    recipe, loss) -> why -- where :func:`implausible` says so (both metrics of it go)."""
+    """(taken, refused) of on-demand measurements ``found``: refused -- its key but the metric
+    (check, quantity, recipe, loss and population) -> why -- where :func:`implausible` says so
+    (both metrics of it go)."""
     refused = {}
     for k, row in found.items():
         why = implausible(k, row, packaged)
         if why:
-            refused[k[:4]] = why
-    return {k: v for k, v in found.items() if k[:4] not in refused}, refused
+            refused[k[:-1]] = why
+    return {k: v for k, v in found.items() if k[:-1] not in refused}, refused
 
 
 def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict,
@@ -201,7 +202,8 @@ def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict
                        measured=measured, loss=loss, where=where, how="on demand")
         except MissingTolerance as e:
             t = None
-            why = refused.get((check, quantity, case.recipe, loss)) or str(e)
+            own = (check, quantity, case.recipe, loss) + where.key(derive.LEVELS[0], check)
+            why = refused.get(own) or str(e)  # refused at this case's own population
         if t is None:
             left += 1
             for r in group:
