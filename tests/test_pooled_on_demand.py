@@ -17,11 +17,11 @@ from unseen import ROOT, cases
 pytestmark = pytest.mark.integration
 
 
-def _run(tmp_path, name):
+def _run(tmp_path, name, *args):
     p = subprocess.run([sys.executable, "-m", "pytest", "--scenario",
                         str(ROOT / "tests" / "scenarios" / "pooled_config.yaml"), "--backend",
                         "reference", "--report-dir", str(tmp_path / name), "-q", "-p",
-                        "no:randomly", "-o", f"cache_dir={tmp_path / 'cache'}", *FORK],
+                        "no:randomly", "-o", f"cache_dir={tmp_path / 'cache'}", *FORK, *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = p.stdout[-3000:] + p.stderr[-2000:]
     files = sorted((tmp_path / name / "history").glob("*.parquet"))
@@ -41,6 +41,16 @@ def test_both_meshes_are_judged_by_the_whole_pool_measured_or_cached(tmp_path):
     pd.testing.assert_frame_equal(first, second)  # the same tolerances from the cache
     per_q = first.reset_index().groupby("quantity")["tolerance"].nunique()
     assert (per_q == 1).all(), first  # one pool: both meshes judged alike
+
+
+def test_a_case_whose_groups_are_cached_waits_for_its_pools_new_ones(tmp_path):
+    """dp2 alone first (its group cached), then both meshes: the dp2 case, judged first, waits
+    for hsdp2x1's variants of its pool -- both by n=20, as in a run with nothing cached."""
+    _run(tmp_path, "dp2", "-k", "bf16-dp2")
+    out, df, both = _run(tmp_path, "both")
+    assert "calibrated on demand: 1 configuration(s)" in out, out
+    assert "from the cache of an earlier run: 1 configuration(s)" in out, out
+    assert both["tolerance_source"].str.endswith(" n=20").all(), both
 
 
 def test_a_population_the_grown_pool_refuses_no_longer_judges(monkeypatch):

@@ -51,7 +51,7 @@ class OnDemand:
         self.taken: dict[tuple, dict] = {}  # _pool -> the populations it gives now
         self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
         self.variant_group: dict[str, str] = {}  # variant id -> its group key
-        self.group_pool: dict[str, tuple] = {}  # group key -> its pool (groups to measure)
+        self.group_pool: dict[str, tuple] = {}  # group key -> its pool (cached or measured)
         self.cancelled = 0  # variants cancelled after a timeout of their configuration
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
@@ -85,6 +85,7 @@ class OnDemand:
             for base in bases:
                 key = self._key(base, pg, leave_out)
                 self.case_group.setdefault(case.id, []).append(key)
+                self.group_pool[key] = _pool(base)
                 if key in self.groups or key in self.cached:
                     continue
                 hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
@@ -92,7 +93,6 @@ class OnDemand:
                     self._take(_pool(base), hit["rows"])
                     self.cached.add(key)
                 elif self.mode != "off":
-                    self.group_pool[key] = _pool(base)
                     self.groups[key] = on_demand.variants(base)
                     self.leave_out[key] = leave_out
                     self.variant_group.update((v.id, key) for v in self.groups[key])
@@ -154,9 +154,9 @@ class OnDemand:
             return 0
         # every group of the case's pools first: a pool's populations, and so the case's
         # tolerance, must not depend on which of its cases is judged first
-        pools = {self.group_pool.get(k) for k in self.case_group.get(case.id, ())}
+        pools = {self.group_pool[k] for k in self.case_group.get(case.id, ())}
         for key in [k for k, p in self.group_pool.items() if p in pools]:
-            if key not in self.done:
+            if key in self.groups and key not in self.done:  # (cached ones were taken)
                 self._measure(key, scheduler)
         pg, _ = self.hs.env.placement(case)
         left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
