@@ -34,6 +34,11 @@ class Weight:
     cols: int
     tp: str  # "column" (TP splits rows), "row" (TP splits columns) or "replicate"
 
+    def local(self, mesh: MeshSpec) -> tuple[int, int]:
+        """(rows, cols) of a TP rank's piece of it on ``mesh`` (FSDP2 then chunks the rows)."""
+        return (self.rows // mesh.tp if self.tp == "column" else self.rows,
+                self.cols // mesh.tp if self.tp == "row" else self.cols)
+
 
 @dataclass(frozen=True)
 class Blocks:
@@ -48,17 +53,13 @@ class Blocks:
 def cut_problem(w: Weight, mesh: MeshSpec, b: Blocks) -> str | None:
     """How ``mesh`` cuts ``w`` inside its blocks ("64 rows per FSDP2 shard cut its 128-row
     blocks"), or None."""
-    rows, cols = w.rows, w.cols
-    if b.whole and (rows % b.rows or cols % b.cols):
-        return f"[{rows} x {cols}] is not a whole number of {b.rows} x {b.cols} blocks"
-    if mesh.tp > 1 and w.tp == "column":
-        rows //= mesh.tp
-        if rows % b.rows:
-            return f"{rows} rows per TP shard cut its {b.rows}-row blocks"
-    if mesh.tp > 1 and w.tp == "row":
-        cols //= mesh.tp
-        if cols % b.cols:
-            return f"{cols} columns per TP shard cut its {b.cols}-column blocks"
+    if b.whole and (w.rows % b.rows or w.cols % b.cols):
+        return f"[{w.rows} x {w.cols}] is not a whole number of {b.rows} x {b.cols} blocks"
+    rows, cols = w.local(mesh)
+    if rows != w.rows and rows % b.rows:
+        return f"{rows} rows per TP shard cut its {b.rows}-row blocks"
+    if cols != w.cols and cols % b.cols:
+        return f"{cols} columns per TP shard cut its {b.cols}-column blocks"
     if mesh.shard > 1:
         per = -(-rows // mesh.shard)
         if per < rows and per % b.rows:
@@ -73,7 +74,7 @@ def uneven_problem(w: Weight, mesh: MeshSpec) -> str | None:
     contract, pytorch/pytorch#137005) -- TE's quantized tensors (and the reference's, which
     follow them) return the unpadded shard: the padded ranks assert, the others wait in the
     all-gather until the collective timeout."""
-    rows = w.rows // mesh.tp if mesh.tp > 1 and w.tp == "column" else w.rows
+    rows = w.local(mesh)[0]
     if mesh.shard > 1 and rows % mesh.shard:
         return f"{rows} rows over {mesh.shard} FSDP2 shards"
     return None
@@ -96,8 +97,7 @@ def gemm_problem(case, mesh: MeshSpec, weights: list[Weight], align: int) -> str
         return (f"{tokens} tokens per rank (batch {d.batch} / {mesh.dp_size} data-parallel "
                 f"ranks x seq {d.seq})")
     for w in weights:
-        rows = w.rows // mesh.tp if w.tp == "column" else w.rows
-        cols = w.cols // mesh.tp if w.tp == "row" else w.cols
+        rows, cols = w.local(mesh)
         if rows % align or cols % align:
             return f"weight {w.name} [{rows} x {cols}] per TP rank"
     return None

@@ -40,9 +40,9 @@ class Scheduler:
     def __init__(self, launcher: Launcher, cases: list[Case], ckpt_root: Path,
                  scope_of: Callable[[Case], str] = lambda c: "all",
                  concurrency: int | None = None, seconds: dict[str, float] | None = None,
-                 after: Callable[["Scheduler", dict], None] = lambda s, done: None):
+                 after: Callable[["Scheduler", dict], None] | None = None):
         self.launcher, self.affinity = launcher, "lane_affinity" in launcher.speed
-        self.after = after  # sees each batch of results (on the scheduler's thread)
+        self.after = after or (lambda s, done: None)  # sees each batch of results
         self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher))
         self.seconds = TaskSeconds(seconds)  # what a lane taking over a module weighs
         self.done = self.graph.done  # task name -> TaskResult

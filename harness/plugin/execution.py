@@ -154,7 +154,7 @@ class Execution:
                                    scope_of=scope_of if per_scope else (lambda c: "all"),
                                    concurrency=None if self.launcher.device == "cuda"
                                    else max(1, (os.cpu_count() or 1) // 4), seconds=self.seconds,
-                                   after=after or (lambda sched, done: None))
+                                   after=after)
         tasks = self.scheduler.graph.all
         self.launcher.expect(cases, tasks, self.seconds)
         self.seconds_known = f"{sum(t.name in self.seconds for t in tasks)} of {len(tasks)}"
