@@ -71,6 +71,7 @@ def test_only_clean_copies_of_one_configuration_are_siblings(tmp_path):
     od = OnDemand.__new__(OnDemand)
     variants = rules.variants(cases[("sync", "none")])
     od.groups, od.variant_group = {"k": variants}, {v.id: "k" for v in variants}
+    od.second = {}
     od.case_group = {c.id: ["k"] for c in cases.values()}  # they share the configuration
     assert od.siblings(cases[("sync", "none")]) == variants
     assert od.siblings(variants[0]) == variants[1:]

@@ -62,11 +62,12 @@ def test_a_population_the_grown_pool_refuses_no_longer_judges(monkeypatch):
            "Linear", "rel_l2")
     found = iter([({key: dict(n=10, p99=1e-4, max=1e-4)}, {}),
                   ({}, {key[:4]: "implausible"})])
-    monkeypatch.setattr(rules, "populations", lambda rows: None)
+    monkeypatch.setattr(rules, "populations", lambda rows, bound="p99": None)
     monkeypatch.setattr(rules, "screen", lambda pops, packaged: next(found))
     od = OnDemand.__new__(OnDemand)
     od.packaged, od.measured, od.pools, od.taken, od.refused = {}, {}, {}, {}, {}
-    od._take(("pool",), [{"row": 1}])
+    od.group_pool, od.group_rows, od.rounds2 = {"g1": ("pool",), "g2": ("pool",)}, {}, set()
+    od._take("g1", [{"row": 1}])
     assert od.measured == {key: dict(n=10, p99=1e-4, max=1e-4)}
-    od._take(("pool",), [{"row": 2}])
+    od._take("g2", [{"row": 2}])
     assert key not in od.measured and od.refused == {key[:4]: "implausible"}

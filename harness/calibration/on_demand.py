@@ -35,6 +35,15 @@ from harness.spec import catalog
 
 SCENARIO = derive.ON_DEMAND  # the variants' scenario name prefix
 SEEDS = tuple(range(1, MIN_N + 1))
+# A second round: where a case fails by a population of the first round's seeds, its pool's
+# groups run seeds up to SECOND_N and the pool then bounds by its largest sample (never below
+# the first round's p99, so no case it passed fails by the second). Errors of parameters
+# trained under Adam are heavy-tailed -- an element with a gradient near rounding noise moves
+# by a step's size -- and 10 seeds bound them too tightly: fp32 Linear on dp6, lr 3e-3,
+# 4 steps (reference backend) failed 10 of seeds 101-200 by 2x the p99 of seeds 1-10, 4 by
+# 2x the largest of seeds 1-40, none by 2x the largest of seeds 1-100 (docs/tolerances.md)
+SECOND_N = 100
+SECOND_SEEDS = tuple(range(MIN_N + 1, SECOND_N + 1))
 # what a variant measures: part of the cached populations' key, bumped when the harness's
 # numerics change (2: TE DelayedScaling builds start from fresh amax histories)
 VERSION = 2
@@ -136,11 +145,12 @@ def history_rows(case, rows: list[dict], status: str, device: str, pg_backend: s
                  row_outcome=r["outcome"]) for r in rows]
 
 
-def populations(rows: list[dict]) -> dict[tuple, dict]:
+def populations(rows: list[dict], bound: str = "p99") -> dict[tuple, dict]:
     """Measurements (``calibration.load``'s form) of the variants' history rows, at the finest
     level only -- (configuration, module, world size) -- since one group's variants measure one
     world: a pooled level made of them would stand for worlds it never ran. The variants were
-    judged unjudged or by their own packaged tolerance: both count as samples."""
+    judged unjudged or by their own packaged tolerance: both count as samples. ``bound``: the
+    statistic a tolerance takes of them ("max" after a second round: SECOND_N)."""
     if not rows:
         return {}
     df = pd.DataFrame(rows)
@@ -150,6 +160,8 @@ def populations(rows: list[dict]) -> dict[tuple, dict]:
             continue
         key = tuple(str(r[k]) for k in KEY)
         out[key] = dict(n=int(r["n"]), p99=float(r["p99"]), max=float(r["max"]))
+        if bound != "p99":
+            out[key]["bound"] = bound
     return out
 
 

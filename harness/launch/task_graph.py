@@ -24,19 +24,30 @@ from harness.spec.matrix import Case
 class TaskGraph:
     def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str],
                  pg_of: Callable[[Case], str] = lambda c: ""):
-        # (scope, backend) of each case, once: the scheduler asks a task's key on every look
-        # at its lanes, and a case's backend is a placement of each of its phases
-        self._group = {c.key: (scope_of(c), pg_of(c)) for c in cases}
+        self._root, self._scope_of, self._pg_of = Path(ckpt_root), scope_of, pg_of
+        self._group: dict[str, tuple] = {}  # case key -> (scope, backend of its phases)
+        self._trains: dict[tuple, Task] = {}  # ((scope, backend), train_key) -> shareable
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
         self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
+        self.all: list[Task] = []
+        self.done: dict[str, TaskResult] = {}
+        self.add(cases)
+
+    def add(self, cases: list[Case]) -> None:
+        """Tasks for ``cases`` (new keys), also while the lanes run: the scheduler's next look
+        feeds them to their key's lanes, starting lanes where the key's had ended."""
+        # (scope, backend) of each case, once: the scheduler asks a task's key on every look
+        # at its lanes, and a case's backend is a placement of each of its phases
+        self._group.update((c.key, (self._scope_of(c), self._pg_of(c))) for c in cases)
         def own(c: Case) -> Task:
-            return Task(f"{c.key}.train", c, "train", Path(ckpt_root) / c.key)
+            return Task(f"{c.key}.train", c, "train", self._root / c.key)
         # the train tasks of the cases without target: the ones a resharding case may share
         # (on one process-group backend: on 2 GPUs a dp2 -> dp4 case is gloo throughout, the dp2
         # case without target NCCL, so each trains its own)
-        trains = {(self._group[c.key], c.train_key): own(c) for c in cases if c.target is None}
+        self._trains.update(((self._group[c.key], c.train_key), own(c)) for c in cases
+                            if c.target is None)
         for c in cases:
-            train = trains.get((self._group[c.key], c.train_key)) or own(c)
+            train = self._trains.get((self._group[c.key], c.train_key)) or own(c)
             self.tasks[c.key] = [train]
             if c.target is not None:
                 train.for_reshard = True
@@ -45,7 +56,6 @@ class TaskGraph:
                 self.tasks[c.key].append(reshard)
         # every task once, in the cases' order (a shared train task is in several lists)
         self.all = list({t.name: t for ts in self.tasks.values() for t in ts}.values())
-        self.done: dict[str, TaskResult] = {}
 
     @property
     def shared_with(self) -> dict[str, Case]:

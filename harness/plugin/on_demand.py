@@ -7,8 +7,10 @@ beside the matrix. When such a case's result comes, :meth:`OnDemand.resolve` wai
 variants (each a bounded case like any other), derives their populations (pooled with every
 other group measuring the same population), caches the samples (pytest's cache, keyed by the
 configuration, population, software versions and the case's registered failures) and judges
-the case's unjudged rows by them. ``--calibrate off``: no variants run; those quantities stay
-unjudged (a cached population still judges them).
+the case's unjudged rows by them. Where that fails the case, the pool's groups first run a
+second round of seeds (``on_demand.SECOND_N``: the errors are heavy-tailed) added to the
+scheduler, and the case is judged by the larger population. ``--calibrate off``: no variants
+run; those quantities stay unjudged (a cached population still judges them).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class OnDemand:
         self.variant_group: dict[str, str] = {}  # variant id -> its group key
         self.group_pool: dict[str, tuple] = {}  # group key -> its pool (cached or measured)
         self.cancelled = 0  # variants cancelled after a timeout of their configuration
+        self.base: dict[str, object] = {}  # group key -> the case its variants copy
+        self.group_rows: dict[str, list] = {}  # group key -> its samples' rows (all rounds)
+        self.second: dict[str, list] = {}  # group key -> its second round's variants (run)
+        self.rounds2: set[str] = set()  # group keys whose samples include the second round
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
         """The cache key of ``case``'s variants: what a variant measures, configuration,
@@ -85,12 +91,14 @@ class OnDemand:
             for base in bases:
                 key = self._key(base, pg, leave_out)
                 self.case_group.setdefault(case.id, []).append(key)
-                self.group_pool[key] = _pool(base)
+                self.group_pool[key], self.base[key] = _pool(base), base
                 if key in self.groups or key in self.cached:
                     continue
                 hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
                 if hit is not None:
-                    self._take(_pool(base), hit["rows"])
+                    if hit.get("second"):
+                        self.rounds2.add(key)
+                    self._take(key, hit["rows"])
                     self.cached.add(key)
                 elif self.mode != "off":
                     self.groups[key] = on_demand.variants(base)
@@ -116,13 +124,15 @@ class OnDemand:
             bare = {a: v for a, v in case.axes if a != "seed"}
             keys = [k for k in self.case_group.get(case.id, ()) if k in self.groups
                     and {a: v for a, v in self.groups[k][0].axes if a != "seed"} == bare]
-        return [v for k in keys for v in self.groups.get(k, ()) if v.id != case.id]
+        return [v for k in keys for v in [*self.groups.get(k, ()), *self.second.get(k, ())]
+                if v.id != case.id]
 
-    def _measure(self, key: str, scheduler) -> None:
-        """Run (wait for) the group's variants and take their populations; cached for later
-        runs unless a variant was cancelled (a later run measures the group again)."""
+    def _measure(self, key: str, scheduler, second: bool = False) -> None:
+        """Run (wait for) the group's variants (``second``: its second round's) and take their
+        populations; cached for later runs unless a variant was cancelled (a later run
+        measures the group again)."""
         rows, seconds, cancelled = [], 0.0, 0
-        for v in self.groups[key]:
+        for v in self.second[key] if second else self.groups[key]:
             res = scheduler.result(v)
             pg, _ = self.hs.env.placement(v)
             seconds += res.seconds or 0.0
@@ -130,20 +140,27 @@ class OnDemand:
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
                                            self.hs.run_id, self.leave_out[key],
                                            reshard_only=v.target is not None)
-        write_history(self.hs, rows, key)
-        self._take(_pool(self.groups[key][0]), rows)
-        self.done[key] = seconds
+        write_history(self.hs, rows, key + ("-2" if second else ""))
+        if second:
+            self.rounds2.add(key)
+        self._take(key, rows)
+        self.done[key] = self.done.get(key, 0.0) + seconds
         self.cancelled += cancelled
         if self.cache is not None and not cancelled:
-            self.cache.set(CACHE_PREFIX + key, {"rows": rows, "at": time.time()})
+            self.cache.set(CACHE_PREFIX + key, {"rows": self.group_rows[key], "at": time.time(),
+                                                "second": key in self.rounds2})
 
-    def _take(self, pool: tuple, rows: list[dict]) -> None:
+    def _take(self, key: str, rows: list[dict]) -> None:
         """Add a group's rows to its pool and derive the pool's populations anew (meshes of
         one world size measured by two groups make one population, not the last one's): what
-        the grown pool refuses no longer judges, though its first group's was taken."""
+        the grown pool refuses no longer judges, though its first group's was taken. A pool
+        with a group's second round bounds by its largest sample (``on_demand.SECOND_N``)."""
+        pool = self.group_pool[key]
+        self.group_rows.setdefault(key, []).extend(rows)
         self.pools.setdefault(pool, []).extend(rows)
-        self.taken[pool], refused = on_demand.screen(on_demand.populations(self.pools[pool]),
-                                                     self.packaged)
+        second = any(k in self.rounds2 for k, p in self.group_pool.items() if p == pool)
+        found = on_demand.populations(self.pools[pool], bound="max" if second else "p99")
+        self.taken[pool], refused = on_demand.screen(found, self.packaged)
         self.measured = {**self.packaged, **{k: v for t in self.taken.values()
                                              for k, v in t.items()}}
         self.refused.update(refused)
@@ -158,6 +175,14 @@ class OnDemand:
         for key in [k for k, p in self.group_pool.items() if p in pools]:
             if key in self.groups and key not in self.done:  # (cached ones were taken)
                 self._measure(key, scheduler)
+        before = [dict(r) for r in rows]
+        left = self._judge(case, rows)
+        if self._second_round(case, rows, scheduler):  # the case again, by the larger pools
+            rows[:] = before
+            left = self._judge(case, rows)
+        return left
+
+    def _judge(self, case, rows: list[dict]) -> int:
         pg, _ = self.hs.env.placement(case)
         left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
         left -= on_demand.by_registry(rows, self.case_leave_out.get(case.id, frozenset()))
@@ -167,17 +192,39 @@ class OnDemand:
                     r["detail"] += "; not calibrated on demand (--calibrate off)"
         return left
 
+    def _second_round(self, case, rows: list[dict], scheduler) -> bool:
+        """Where an on-demand population failed ``case``: the second round of every group of
+        that pool without one (its seeds added to the scheduler, waited for). Whether any ran."""
+        if self.mode == "off":
+            return False
+        failed = {r["check"] == "reshard" for r in rows if r.get("outcome") == "fail"
+                  and str(r.get("tolerance_source", "")).startswith("on demand")}
+        pools = {self.group_pool[k] for k in self.case_group.get(case.id, ())
+                 if (self.group_pool[k][4] is not None) in failed}
+        keys = [k for k, p in self.group_pool.items() if p in pools and k not in self.rounds2]
+        for k in keys:
+            self.second[k] = on_demand.variants(self.base[k], seeds=on_demand.SECOND_SEEDS)
+            self.variant_group.update((v.id, k) for v in self.second[k])
+        scheduler.graph.add([v for k in keys for v in self.second[k]])
+        for k in keys:
+            self._measure(k, scheduler, second=True)
+        return bool(keys)
+
     def summary(self) -> list[str]:
         """Terminal lines: what the run calibrated on demand, and what that cost."""
         out = []
         if self.done:
-            n = sum(len(self.groups[k]) for k in self.done)
+            n = sum(len(self.groups.get(k, ())) + len(self.second.get(k, ())) for k in self.done)
             out.append(f"calibrated on demand: {len(self.done)} configuration(s) without a "
                        f"population, {n} clean seeded variant(s), {sum(self.done.values()):.1f} "
                        f"case-seconds; cached for later runs (pytest's cache)"
                        + (f"; {self.cancelled} variant(s) cancelled after a timeout of their "
                           f"configuration (not cached: measured again next run)"
                           if self.cancelled else ""))
+        if self.second:
+            n = sum(len(vs) for vs in self.second.values())
+            out.append(f"second round of seeds (a case failed by 10): {len(self.second)} "
+                       f"configuration(s), {n} variant(s) more, up to seed {on_demand.SECOND_N}")
         if self.cached:
             out.append(f"on-demand populations from the cache of an earlier run: "
                        f"{len(self.cached)} configuration(s)")

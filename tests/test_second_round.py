@@ -1,0 +1,52 @@
+"""A second round of on-demand seeds where the first round's fail a case
+(tests/scenarios/heavy_tail.yaml). The errors of parameters trained under Adam are
+heavy-tailed; a QA probe (2026-11-29, reference backend, fp32 Linear on dp6): 14 of 200 clean
+seeds failed by 2x the p99 of seeds 1-10, seed 47 among them (fp32_parity/params max_abs
+4.0e-5 against 3.5e-6). With the pool's second round (seeds up to 100, bound by its largest
+sample) the clean case passes, the sized bug (gradients rounded to bf16) still fails, and a
+later run takes the 100 seeds from the cache: the same verdicts, nothing run on demand."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from forked import FORK
+
+from unseen import ROOT, cases
+
+pytestmark = pytest.mark.integration
+
+CLEAN = "heavy_tail[fp32-dp6-Linear-sync-none-none-47]"
+BUG = "heavy_tail[fp32-dp6-Linear-sync-none-grads_bf16-47]"
+
+
+def _run(tmp_path, name):
+    p = subprocess.run([sys.executable, "-m", "pytest", "--scenario",
+                        str(ROOT / "tests" / "scenarios" / "heavy_tail.yaml"), "--backend",
+                        "reference", "--report-dir", str(tmp_path / name), "-q", "-p",
+                        "no:randomly", "-o", f"cache_dir={tmp_path / 'cache'}", *FORK],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = p.stdout[-4000:] + p.stderr[-2000:]
+    files = sorted((tmp_path / name / "history").glob("*.parquet"))
+    assert files, out
+    df = pd.concat([pd.read_parquet(f) for f in files])
+    params = df[(df["quantity"] == "params") & df["metric"].isin(["max_abs", "rel_l2"])]
+    return out, cases(df), params.set_index(["case_id", "check", "metric"])
+
+
+def test_a_clean_tail_seed_passes_by_the_second_round_and_a_sized_bug_fails(tmp_path):
+    out1, got1, params1 = _run(tmp_path, "first")
+    assert "second round of seeds (a case failed by 10): 1 configuration(s), 90 variant" in out1
+    assert got1 == {CLEAN: "passed", BUG: "failed"}, out1
+    clean = params1.loc[CLEAN]
+    assert clean["tolerance_source"].str.endswith(" n=100").all(), clean
+    fp32 = clean.loc[("fp32_parity", "max_abs")]
+    assert fp32["value"] > 3.5e-6 * 5, fp32  # the tail: what 10 seeds' bound failed
+    assert (params1.loc[BUG]["row_outcome"] == "fail").any(), params1.loc[BUG]
+
+    out2, got2, params2 = _run(tmp_path, "cached")
+    assert "from the cache of an earlier run: 1 configuration(s)" in out2, out2
+    assert "calibrated on demand" not in out2 and "second round" not in out2, out2
+    assert got2 == got1, out2
+    pd.testing.assert_series_equal(params1["tolerance"], params2["tolerance"])
