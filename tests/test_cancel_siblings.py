@@ -59,7 +59,7 @@ def test_only_clean_copies_of_one_configuration_are_siblings(tmp_path):
     """A variant's fellows, and a case's own variants where it is one of them but for the
     seed; a faulted or async case that hangs may hang for that alone: its variants run."""
     from harness.calibration import on_demand as rules
-    from harness.plugin.on_demand import OnDemand
+    from harness.plugin.on_demand import OnDemand, siblings
     from harness.spec.matrix import expand
     from harness.spec.scenario import load_scenario
     (tmp_path / "mine.yaml").write_text(
@@ -73,7 +73,7 @@ def test_only_clean_copies_of_one_configuration_are_siblings(tmp_path):
     od.groups, od.variant_group = {"k": variants}, {v.id: "k" for v in variants}
     od.second = {}
     od.case_group = {c.id: ["k"] for c in cases.values()}  # they share the configuration
-    assert od.siblings(cases[("sync", "none")]) == variants
-    assert od.siblings(variants[0]) == variants[1:]
-    assert od.siblings(cases[("sync", "hang")]) == []
-    assert od.siblings(cases[("async_thread", "none")]) == []
+    assert siblings(od, cases[("sync", "none")]) == variants
+    assert siblings(od, variants[0]) == variants[1:]
+    assert siblings(od, cases[("sync", "hang")]) == []
+    assert siblings(od, cases[("async_thread", "none")]) == []

@@ -217,7 +217,7 @@ def test_every_recipe_takes_min_n_variants_and_the_key_names_what_they_measure(m
                          device="cuda")
     for recipe, case in pick.items():
         od = OnDemand(hs)
-        od.measured = {}  # nothing packaged: every calibrated quantity is measured on demand
+        od.pools.packaged = {}  # nothing packaged: every calibrated quantity is measured
         planned = od.plan([(case, [])])
         assert planned and len({v.id for v in planned}) == len(planned)
         assert sorted({v.train.seed for v in planned}) == list(range(1, MIN_N + 1)), recipe

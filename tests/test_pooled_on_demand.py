@@ -57,17 +57,16 @@ def test_a_population_the_grown_pool_refuses_no_longer_judges(monkeypatch):
     """A pool's first group gave a plausible population; the next one's samples make it
     implausible: it is refused, and the first group's no longer judges (it had stayed)."""
     from harness.calibration import on_demand as rules
-    from harness.plugin.on_demand import OnDemand
+    from harness.plugin.on_demand import Pools
     key = ("fp32_parity", "params", "bf16", "mse", "reference", "cpu", "gloo", "cfg", "2",
            "Linear", "rel_l2")
     found = iter([({key: dict(n=10, p99=1e-4, max=1e-4)}, {}),
                   ({}, {key[:4]: "implausible"})])
     monkeypatch.setattr(rules, "populations", lambda rows, bound="p99": None)
     monkeypatch.setattr(rules, "screen", lambda pops, packaged: next(found))
-    od = OnDemand.__new__(OnDemand)
-    od.packaged, od.measured, od.pools, od.taken, od.refused = {}, {}, {}, {}, {}
-    od.group_pool, od.group_rows, od.rounds2 = {"g1": ("pool",), "g2": ("pool",)}, {}, set()
-    od._take("g1", [{"row": 1}])
-    assert od.measured == {key: dict(n=10, p99=1e-4, max=1e-4)}
-    od._take("g2", [{"row": 2}])
-    assert key not in od.measured and od.refused == {key[:4]: "implausible"}
+    pools = Pools({})
+    pools.group_pool = {"g1": ("pool",), "g2": ("pool",)}
+    pools.take("g1", [{"row": 1}])
+    assert pools.measured == {key: dict(n=10, p99=1e-4, max=1e-4)}
+    pools.take("g2", [{"row": 2}])
+    assert key not in pools.measured and pools.refused == {key[:4]: "implausible"}

@@ -50,3 +50,35 @@ def test_a_clean_tail_seed_passes_by_the_second_round_and_a_sized_bug_fails(tmp_
     assert "calibrated on demand" not in out2 and "second round" not in out2, out2
     assert got2 == got1, out2
     pd.testing.assert_series_equal(params1["tolerance"], params2["tolerance"])
+
+
+def test_a_pool_with_a_second_round_bounds_by_its_largest_sample(monkeypatch):
+    """The pool's statistic: p99 until a group of it has its second round, then the largest
+    sample -- never below the p99 of a subset, so no case the first round passed fails by the
+    second (2x max 4e-5, not 2x p99 of 100 with one sample there)."""
+    from harness.calibration import on_demand as rules
+    from harness.calibration.tolerances import lookup
+    from harness.plugin.on_demand import Pools
+    bounds = []
+    real = rules.populations
+    monkeypatch.setattr(rules, "populations",
+                        lambda rows, bound="p99": bounds.append(bound) or real(rows, bound))
+    pools = Pools({})
+    pools.group_pool = {"g1": ("pool",), "g2": ("pool",)}
+    pools.take("g1", [])
+    pools.rounds2.add("g2")
+    pools.take("g2", [])
+    assert bounds == ["p99", "max"]
+    key = ("fp32_parity", "params", "fp32", "mse", "reference", "cpu", "gloo", "cfg", "6",
+           "Linear")
+    values = [1e-7] * 99 + [4e-5]
+    import numpy as np
+    pop = {m: dict(n=100, p99=float(np.percentile(values, 99)), max=4e-5) for m in
+           ("max_abs", "rel_l2")}
+    where = type("W", (), {"key": lambda self, kept, check: key[4:]})()
+    measured = {key + (m,): dict(v, bound="max") for m, v in pop.items()}
+    t = lookup("fp32_parity", "params", "fp32", measured=measured, where=where, how="on demand")
+    assert t.rel_l2 == 2 * 4e-5 and "largest measured error" in t.reason, t
+    p99 = lookup("fp32_parity", "params", "fp32", measured={key + (m,): v for m, v in
+                                                              pop.items()}, where=where)
+    assert p99.rel_l2 < t.rel_l2 / 2, p99  # what p99 alone would give: 2x 4.0e-7

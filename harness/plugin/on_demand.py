@@ -35,30 +35,56 @@ def _pool(v) -> tuple:
             v.target.world_size if v.target else None, v.numerics)
 
 
+class Pools:
+    """The run's on-demand samples, by group and by pool, and the populations they give now."""
+
+    def __init__(self, packaged: dict):
+        self.packaged = packaged
+        self.measured = dict(packaged)  # packaged + cached + measured in this run
+        self.refused: dict[tuple, str] = {}
+        self.group_pool: dict[str, tuple] = {}  # group key -> its pool (cached or measured)
+        self.group_rows: dict[str, list] = {}  # group key -> its samples' rows (all rounds)
+        self.rounds2: set[str] = set()  # group keys whose samples include the second round
+        self.rows: dict[tuple, list[dict]] = {}  # pool -> the samples' rows (cached too)
+        self.taken: dict[tuple, dict] = {}  # pool -> the populations it gives now
+
+    def keys(self, pools) -> list[str]:
+        """The group keys of ``pools``."""
+        return [k for k, p in self.group_pool.items() if p in pools]
+
+    def take(self, key: str, rows: list[dict]) -> None:
+        """Add a group's rows to its pool and derive the pool's populations anew (meshes of
+        one world size measured by two groups make one population, not the last one's): what
+        the grown pool refuses no longer judges, though its first group's was taken. A pool
+        with a group's second round bounds by its largest sample (``on_demand.SECOND_N``)."""
+        pool = self.group_pool[key]
+        self.group_rows.setdefault(key, []).extend(rows)
+        self.rows.setdefault(pool, []).extend(rows)
+        second = any(k in self.rounds2 for k in self.keys({pool}))
+        found = on_demand.populations(self.rows[pool], bound="max" if second else "p99")
+        self.taken[pool], refused = on_demand.screen(found, self.packaged)
+        self.measured = {**self.packaged, **{k: v for t in self.taken.values()
+                                             for k, v in t.items()}}
+        self.refused.update(refused)
+
+
 class OnDemand:
     def __init__(self, hs):
         self.hs = hs
         self.mode = hs.config.getoption("calibrate")
         self.cache = getattr(hs.config, "cache", None)
-        self.packaged = calibration.load()
         self.versions = hs.env.describe()  # torch, TE and its TP support, GPU capability
-        self.measured = dict(self.packaged)  # packaged + cached + measured in this run
-        self.refused: dict[tuple, str] = {}
+        self.pools = Pools(calibration.load())
         self.groups: dict[str, list] = {}  # group key -> its variants
         self.leave_out: dict[str, frozenset] = {}  # group key -> what its samples leave out
         self.case_group: dict[str, list[str]] = {}  # case id -> its groups' keys
         self.done: dict[str, float] = {}  # group key -> seconds its variants took (this run)
         self.cached: set[str] = set()  # group keys found in the cache
-        self.pools: dict[tuple, list[dict]] = {}  # _pool -> the samples' rows (cached too)
-        self.taken: dict[tuple, dict] = {}  # _pool -> the populations it gives now
         self.case_leave_out: dict[str, frozenset] = {}  # case id -> its registered failures
         self.variant_group: dict[str, str] = {}  # variant id -> its group key
-        self.group_pool: dict[str, tuple] = {}  # group key -> its pool (cached or measured)
         self.cancelled = 0  # variants cancelled after a timeout of their configuration
         self.base: dict[str, object] = {}  # group key -> the case its variants copy
-        self.group_rows: dict[str, list] = {}  # group key -> its samples' rows (all rounds)
         self.second: dict[str, list] = {}  # group key -> its second round's variants (run)
-        self.rounds2: set[str] = set()  # group keys whose samples include the second round
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
         """The cache key of ``case``'s variants: what a variant measures, configuration,
@@ -82,7 +108,7 @@ class OnDemand:
             # against the package alone: every group of a pool is loaded or measured, not only
             # those planned before the first cached one filled it (a tolerance must not depend
             # on the cache's state)
-            miss = [(c, q) for c, q in on_demand.missing(case, device, pg, self.packaged)
+            miss = [(c, q) for c, q in on_demand.missing(case, device, pg, self.pools.packaged)
                     if (c, None) not in leave_out and (c, q) not in leave_out]
             if not miss:  # (a registered failure is judged by its entry's bounds)
                 continue
@@ -91,14 +117,14 @@ class OnDemand:
             for base in bases:
                 key = self._key(base, pg, leave_out)
                 self.case_group.setdefault(case.id, []).append(key)
-                self.group_pool[key], self.base[key] = _pool(base), base
+                self.pools.group_pool[key], self.base[key] = _pool(base), base
                 if key in self.groups or key in self.cached:
                     continue
                 hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
                 if hit is not None:
                     if hit.get("second"):
-                        self.rounds2.add(key)
-                    self._take(key, hit["rows"])
+                        self.pools.rounds2.add(key)
+                    self.pools.take(key, hit["rows"])
                     self.cached.add(key)
                 elif self.mode != "off":
                     self.groups[key] = on_demand.variants(base)
@@ -111,21 +137,6 @@ class OnDemand:
                     seen.add(v.id)
                     out.append(v)
         return out
-
-    def siblings(self, case) -> list:
-        """The variants a timeout of ``case`` cancels: a variant's fellow variants, or a case's
-        own variants where it is one of them but for the seed -- clean copies of one
-        configuration, which would each wait out the same timeout (a structural hang: an
-        uneven shard, a group its ranks name differently). A case with a fault, a bug switch
-        or an async save may hang for that alone: its variants still run."""
-        if case.id in self.variant_group:
-            keys = [self.variant_group[case.id]]
-        else:
-            bare = {a: v for a, v in case.axes if a != "seed"}
-            keys = [k for k in self.case_group.get(case.id, ()) if k in self.groups
-                    and {a: v for a, v in self.groups[k][0].axes if a != "seed"} == bare]
-        return [v for k in keys for v in [*self.groups.get(k, ()), *self.second.get(k, ())]
-                if v.id != case.id]
 
     def _measure(self, key: str, scheduler, second: bool = False) -> None:
         """Run (wait for) the group's variants (``second``: its second round's) and take their
@@ -142,28 +153,14 @@ class OnDemand:
                                            reshard_only=v.target is not None)
         write_history(self.hs, rows, key + ("-2" if second else ""))
         if second:
-            self.rounds2.add(key)
-        self._take(key, rows)
+            self.pools.rounds2.add(key)
+        self.pools.take(key, rows)
         self.done[key] = self.done.get(key, 0.0) + seconds
         self.cancelled += cancelled
         if self.cache is not None and not cancelled:
-            self.cache.set(CACHE_PREFIX + key, {"rows": self.group_rows[key], "at": time.time(),
-                                                "second": key in self.rounds2})
-
-    def _take(self, key: str, rows: list[dict]) -> None:
-        """Add a group's rows to its pool and derive the pool's populations anew (meshes of
-        one world size measured by two groups make one population, not the last one's): what
-        the grown pool refuses no longer judges, though its first group's was taken. A pool
-        with a group's second round bounds by its largest sample (``on_demand.SECOND_N``)."""
-        pool = self.group_pool[key]
-        self.group_rows.setdefault(key, []).extend(rows)
-        self.pools.setdefault(pool, []).extend(rows)
-        second = any(k in self.rounds2 for k, p in self.group_pool.items() if p == pool)
-        found = on_demand.populations(self.pools[pool], bound="max" if second else "p99")
-        self.taken[pool], refused = on_demand.screen(found, self.packaged)
-        self.measured = {**self.packaged, **{k: v for t in self.taken.values()
-                                             for k, v in t.items()}}
-        self.refused.update(refused)
+            self.cache.set(CACHE_PREFIX + key, {"rows": self.pools.group_rows[key],
+                                                "at": time.time(),
+                                                "second": key in self.pools.rounds2})
 
     def resolve(self, case, rows: list[dict], scheduler) -> int:
         """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged."""
@@ -171,8 +168,8 @@ class OnDemand:
             return 0
         # every group of the case's pools first: a pool's populations, and so the case's
         # tolerance, must not depend on which of its cases is judged first
-        pools = {self.group_pool[k] for k in self.case_group.get(case.id, ())}
-        for key in [k for k, p in self.group_pool.items() if p in pools]:
+        pools = {self.pools.group_pool[k] for k in self.case_group.get(case.id, ())}
+        for key in self.pools.keys(pools):
             if key in self.groups and key not in self.done:  # (cached ones were taken)
                 self._measure(key, scheduler)
         before = [dict(r) for r in rows]
@@ -184,7 +181,8 @@ class OnDemand:
 
     def _judge(self, case, rows: list[dict]) -> int:
         pg, _ = self.hs.env.placement(case)
-        left = on_demand.rejudge(case, rows, self.hs.device, pg, self.measured, self.refused)
+        left = on_demand.rejudge(case, rows, self.hs.device, pg, self.pools.measured,
+                                 self.pools.refused)
         left -= on_demand.by_registry(rows, self.case_leave_out.get(case.id, frozenset()))
         if left and self.mode == "off":
             for r in rows:
@@ -199,9 +197,9 @@ class OnDemand:
             return False
         failed = {r["check"] == "reshard" for r in rows if r.get("outcome") == "fail"
                   and str(r.get("tolerance_source", "")).startswith("on demand")}
-        pools = {self.group_pool[k] for k in self.case_group.get(case.id, ())
-                 if (self.group_pool[k][4] is not None) in failed}
-        keys = [k for k, p in self.group_pool.items() if p in pools and k not in self.rounds2]
+        pools = {p for p in map(self.pools.group_pool.get, self.case_group.get(case.id, ()))
+                 if (p[4] is not None) in failed}  # p[4]: the reshard's target world
+        keys = [k for k in self.pools.keys(pools) if k not in self.pools.rounds2]
         for k in keys:
             self.second[k] = on_demand.variants(self.base[k], seeds=on_demand.SECOND_SEEDS)
             self.variant_group.update((v.id, k) for v in self.second[k])
@@ -210,30 +208,26 @@ class OnDemand:
             self._measure(k, scheduler, second=True)
         return bool(keys)
 
-    def summary(self) -> list[str]:
-        """Terminal lines: what the run calibrated on demand, and what that cost."""
-        out = []
-        if self.done:
-            n = sum(len(self.groups.get(k, ())) + len(self.second.get(k, ())) for k in self.done)
-            out.append(f"calibrated on demand: {len(self.done)} configuration(s) without a "
-                       f"population, {n} clean seeded variant(s), {sum(self.done.values()):.1f} "
-                       f"case-seconds; cached for later runs (pytest's cache)"
-                       + (f"; {self.cancelled} variant(s) cancelled after a timeout of their "
-                          f"configuration (not cached: measured again next run)"
-                          if self.cancelled else ""))
-        if self.second:
-            n = sum(len(vs) for vs in self.second.values())
-            out.append(f"second round of seeds (a case failed by 10): {len(self.second)} "
-                       f"configuration(s), {n} variant(s) more, up to seed {on_demand.SECOND_N}")
-        if self.cached:
-            out.append(f"on-demand populations from the cache of an earlier run: "
-                       f"{len(self.cached)} configuration(s)")
-        return out
+
+def siblings(od: OnDemand, case) -> list:
+    """The variants of ``od`` a timeout of ``case`` cancels: a variant's fellow variants, or a
+    case's own variants where it is one of them but for the seed -- clean copies of one
+    configuration, which would each wait out the same timeout (a structural hang: an uneven
+    shard, a group its ranks name differently). A case with a fault, a bug switch or an async
+    save may hang for that alone: its variants still run."""
+    if case.id in od.variant_group:
+        keys = [od.variant_group[case.id]]
+    else:
+        bare = {a: v for a, v in case.axes if a != "seed"}
+        keys = [k for k in od.case_group.get(case.id, ()) if k in od.groups
+                and {a: v for a, v in od.groups[k][0].axes if a != "seed"} == bare]
+    return [v for k in keys for v in [*od.groups.get(k, ()), *od.second.get(k, ())]
+            if v.id != case.id]
 
 
 def cancel_after_timeout(siblings, sched, finished: dict) -> None:
     """A scheduler's ``after``: for each task of ``finished`` that timed out, the tasks of its
-    case's ``siblings`` (:meth:`OnDemand.siblings`) that have no result and no lane end as
+    case's ``siblings`` (:func:`siblings`) that have no result and no lane end as
     cancelled, saying why (a lane already running one lets it run, bounded by its timeout)."""
     held = sched.held()
     for name, r in finished.items():
@@ -258,3 +252,24 @@ def write_history(hs, rows: list[dict], key: str) -> None:
     out = hs.record.report_dir / "calibration_on_demand" / "history"
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(out / f"{hs.run_id}-{key}.parquet")
+
+
+def summary(od: OnDemand) -> list[str]:
+    """Terminal lines: what ``od`` calibrated on demand, and what that cost."""
+    out = []
+    if od.done:
+        n = sum(len(od.groups.get(k, ())) + len(od.second.get(k, ())) for k in od.done)
+        out.append(f"calibrated on demand: {len(od.done)} configuration(s) without a "
+                   f"population, {n} clean seeded variant(s), {sum(od.done.values()):.1f} "
+                   f"case-seconds; cached for later runs (pytest's cache)"
+                   + (f"; {od.cancelled} variant(s) cancelled after a timeout of their "
+                      f"configuration (not cached: measured again next run)"
+                      if od.cancelled else ""))
+    if od.second:
+        n = sum(len(vs) for vs in od.second.values())
+        out.append(f"second round of seeds (a case failed by 10): {len(od.second)} "
+                   f"configuration(s), {n} variant(s) more, up to seed {on_demand.SECOND_N}")
+    if od.cached:
+        out.append(f"on-demand populations from the cache of an earlier run: "
+                   f"{len(od.cached)} configuration(s)")
+    return out

@@ -25,7 +25,7 @@ from harness.plugin.environment import RunEnvironment
 from harness.plugin.execution import Execution, execution_meta, scope_of
 from harness.plugin.failure_text import FailureFormatter
 from harness.plugin.items import CaseItem, of_world_size
-from harness.plugin.on_demand import OnDemand, cancel_after_timeout
+from harness.plugin.on_demand import OnDemand, cancel_after_timeout, siblings, summary
 from harness.plugin.registry_match import RegistryMatch
 from harness.plugin.selection import ScenarioSelection, project_root
 from harness.results import store
@@ -145,8 +145,8 @@ class HarnessSession:
         self.execution = Execution.for_run(self)
         self.execution.start([c for c, _ in runnable] + self.on_demand.plan(runnable),
                              per_scope=self.worker_id is not None,
-                             after=functools.partial(cancel_after_timeout,
-                                                     self.on_demand.siblings))
+                             after=functools.partial(cancel_after_timeout, functools.partial(
+                                 siblings, self.on_demand)))
         if self.worker_id is None and self.record.write_reports:
             results.import_writers()  # while the lanes start, not after the last one ended
 
@@ -179,7 +179,7 @@ class HarnessSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.record.collected and self.worker_id is None:
             self.record.terminal_summary(terminalreporter, self.selection.backend_note)
-        for line in self.on_demand.summary() if self.on_demand is not None else ():
+        for line in summary(self.on_demand) if self.on_demand is not None else ():
             terminalreporter.write_line(line)
 
 
