@@ -82,3 +82,20 @@ def test_a_pool_with_a_second_round_bounds_by_its_largest_sample(monkeypatch):
     p99 = lookup("fp32_parity", "params", "fp32", measured={key + (m,): v for m, v in
                                                               pop.items()}, where=where)
     assert p99.rel_l2 < t.rel_l2 / 2, p99  # what p99 alone would give: 2x 4.0e-7
+
+
+def test_a_failure_beyond_reach_of_any_pool_runs_no_second_round():
+    """The round runs only where it may change the verdict: every failed on-demand comparison
+    within SECOND_X times its tolerance (a sized bug 1,700x over -- bf16 gradients' first-step
+    grads -- fails as it is; a tail seed 11x over gets its round)."""
+    from harness.calibration.on_demand import SECOND_X, second_round_may_pass
+
+    def row(value, tol, source="on demand x n=10", outcome="fail", metric="rel_l2", q="params"):
+        return dict(phase="train", check="fp32_parity", quantity=q, metric=metric, value=value,
+                    tolerance=tol, tolerance_source=source, outcome=outcome)
+    tail = [row(4.0e-5, 3.5e-6, metric="max_abs"), row(7.9e-6, 1e-6)]
+    assert second_round_may_pass(tail)
+    assert not second_round_may_pass(tail + [row(1.69e-3, 1e-6, q="grads")])
+    assert not second_round_may_pass([row(2 * SECOND_X * 1e-6, 1e-6)])
+    assert not second_round_may_pass([row(4e-5, 3.5e-6, source="calibrated x n=40")])
+    assert not second_round_may_pass([row(1e-7, 3.5e-6, outcome="pass")])

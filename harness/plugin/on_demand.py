@@ -191,9 +191,10 @@ class OnDemand:
         return left
 
     def _second_round(self, case, rows: list[dict], scheduler) -> bool:
-        """Where an on-demand population failed ``case``: the second round of every group of
-        that pool without one (its seeds added to the scheduler, waited for). Whether any ran."""
-        if self.mode == "off":
+        """Where an on-demand population failed ``case`` by a margin a larger pool may pass
+        (``on_demand.second_round_may_pass``): the second round of every group of that pool
+        without one (its seeds added to the scheduler, waited for). Whether any ran."""
+        if self.mode == "off" or not on_demand.second_round_may_pass(rows):
             return False
         failed = {r["check"] == "reshard" for r in rows if r.get("outcome") == "fail"
                   and str(r.get("tolerance_source", "")).startswith("on demand")}
