@@ -99,3 +99,45 @@ def test_a_failure_beyond_reach_of_any_pool_runs_no_second_round():
     assert not second_round_may_pass([row(2 * SECOND_X * 1e-6, 1e-6)])
     assert not second_round_may_pass([row(4e-5, 3.5e-6, source="calibrated x n=40")])
     assert not second_round_may_pass([row(1e-7, 3.5e-6, outcome="pass")])
+
+
+def test_a_users_seed_at_a_packaged_configuration_gets_its_round(tmp_path):
+    """A packaged population (seeds 1-10 of the calibration scenario) failed a clean case of a
+    user's seed: its configuration's seeds 1-100 run on demand -- seeds 1-10 reproduce the
+    package, so they may extend it -- and the case passes; the sized bug fails; the cached run
+    gives the same verdicts (the code before it failed the clean case by the package)."""
+    def run(name):
+        p = subprocess.run([sys.executable, "-m", "pytest", "--scenario",
+                            str(ROOT / "tests" / "scenarios" / "user_seed.yaml"), "--backend",
+                            "reference", "--report-dir", str(tmp_path / name), "-q", "-p",
+                            "no:randomly", "-o", f"cache_dir={tmp_path / 'cache'}", *FORK],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        files = sorted((tmp_path / name / "history").glob("*.parquet"))
+        assert files, p.stdout[-3000:] + p.stderr[-2000:]
+        return p.stdout[-4000:], pd.concat([pd.read_parquet(f) for f in files])
+    clean = "user_seed[fp32-dp2-LayerNormMLP-sync-none-none-118]"
+    bug = "user_seed[fp32-dp2-LayerNormMLP-sync-none-lr_scale_1.5-118]"
+    out1, df1 = run("first")
+    assert "a packaged population failed a case" in out1, out1
+    assert cases(df1) == {clean: "passed", bug: "failed"}, out1
+    params = df1[(df1["case_id"] == clean) & (df1["check"] == "fp32_parity")
+                 & (df1["quantity"] == "params") & (df1["metric"] == "max_abs")]
+    assert params["tolerance_source"].str.endswith(" n=100").all(), params
+    assert (params["value"] > 1.4e-5).all(), params  # beyond the package's bound
+    out2, df2 = run("cached")
+    assert "from the cache of an earlier run: 1 configuration(s)" in out2, out2
+    assert "measured on demand" not in out2, out2
+    assert cases(df2) == cases(df1), out2
+
+
+def test_the_package_judges_its_own_scenarios_and_seeds_that_moved_extend_nothing():
+    from harness.calibration.on_demand import reproduces
+    from harness.plugin.second_round import SHIPPED
+    assert {"smoke", "fsdp2_tp_dcp", "calibration"} <= SHIPPED
+    assert "user_seed" not in SHIPPED and "heavy_tail" not in SHIPPED
+    assert reproduces({"p99": 7.0e-7}, 7.0e-7) is None
+    assert reproduces({"p99": 1.3e-6}, 7.0e-7) is None  # within FACTOR
+    assert "moved" in reproduces({"p99": 1.5e-6}, 7.0e-7)  # a regression's samples
+    assert reproduces({"p99": 9e-7}, 1e-9) is None  # within the floor the package judged by
+    assert reproduces({"p99": 1.9e-6}, 1e-9) is not None
+    assert reproduces(None, 1e-6) is not None

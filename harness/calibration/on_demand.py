@@ -31,7 +31,8 @@ import pandas as pd
 
 from harness.calibration import KEY, derive, twin
 from harness.calibration.derive import CALIBRATED, MIN_N
-from harness.calibration.tolerances import UNJUDGED, MissingTolerance, Population, lookup
+from harness.calibration.tolerances import (FACTOR, FLOOR, UNJUDGED, MissingTolerance,
+                                          Population, lookup)
 from harness.spec import catalog
 
 SCENARIO = derive.ON_DEMAND  # the variants' scenario name prefix
@@ -243,19 +244,32 @@ def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict
     return left
 
 
-def second_round_may_pass(rows: list[dict]) -> bool:
-    """Whether a pool grown by a second round could pass ``rows``' failed on-demand
-    comparisons: there is one, and each lies within SECOND_X times its tolerance on every
-    metric (one beyond fails by any pool: the round would change no verdict, only cost)."""
+def second_round_may_pass(rows: list[dict], sources: tuple = ("on demand",)) -> bool:
+    """Whether a pool grown by a second round could pass ``rows``' failed comparisons judged by
+    ``sources`` (tolerance sources): there is one, and each lies within SECOND_X times its
+    tolerance on every metric (one beyond fails by any pool: the round would change no
+    verdict, only cost)."""
     groups: dict[tuple, float] = {}
     for r in rows:
         if r.get("outcome") == "fail" and str(r.get("tolerance_source", "")).startswith(
-                "on demand") and r.get("metric") in ("max_abs", "rel_l2"):
+                sources) and r.get("metric") in ("max_abs", "rel_l2"):
             g = (r.get("phase", ""), r["check"], r["quantity"])
             tol = r.get("tolerance") or 0.0
             need = r["value"] / tol if tol > 0 else math.inf
             groups[g] = max(groups.get(g, 0.0), need)
     return bool(groups) and max(groups.values()) <= SECOND_X
+
+
+def reproduces(first: dict | None, packaged_p99: float) -> str | None:
+    """Why the on-demand rel-L2 population of a packaged configuration's seeds 1-10 (``first``)
+    may not extend the package's (p99 ``packaged_p99``), else None: beyond FACTOR times it the
+    code under test moved, and its samples would calibrate the change away."""
+    if first is None:
+        return "no clean sample of seeds 1-10 measured it"
+    if first["p99"] <= FACTOR * max(packaged_p99, FLOOR / FACTOR):
+        return None
+    return (f"seeds 1-10 measure a p99 rel-L2 of {first['p99']:.3g} where the package measured "
+            f"{packaged_p99:.3g}: the code under test moved (no second round)")
 
 
 def _judged(detail: str, t) -> str:

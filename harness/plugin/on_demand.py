@@ -9,7 +9,8 @@ other group measuring the same population), caches the samples (pytest's cache, 
 configuration, population, software versions and the case's registered failures) and judges
 the case's unjudged rows by them. Where that fails the case, the pool's groups first run a
 second round of seeds (``on_demand.SECOND_N``: the errors are heavy-tailed) added to the
-scheduler, and the case is judged by the larger population. ``--calibrate off``: no variants
+scheduler, and the case is judged by the larger population (``second_round.py``, which also
+gives a user's case a packaged population failed its round). ``--calibrate off``: no variants
 run; those quantities stay unjudged (a cached population still judges them).
 """
 
@@ -17,22 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 
 from harness import calibration
 from harness.calibration import on_demand
 from harness.calibration.tolerances import UNJUDGED
 from harness.launch.tasks import TaskResult
+from harness.plugin.second_round import CACHE_PREFIX, Rounds, pool_of
 
-CACHE_PREFIX = "harness-on-demand/"  # pytest cache keys: <prefix><group key>
-
-
-def _pool(v) -> tuple:
-    """The variants whose samples pool into one population: backend, recipe, module, world
-    size (a reshard's target too) and configuration -- meshes of one world size pool, as in the
-    packaged calibration."""
-    return (v.backend, v.recipe, v.ax["module"], v.mesh.world_size,
-            v.target.world_size if v.target else None, v.numerics)
 
 
 class Pools:
@@ -68,7 +60,7 @@ class Pools:
         self.refused.update(refused)
 
 
-class OnDemand:
+class OnDemand(Rounds):
     def __init__(self, hs):
         self.hs = hs
         self.mode = hs.config.getoption("calibrate")
@@ -85,6 +77,7 @@ class OnDemand:
         self.cancelled = 0  # variants cancelled after a timeout of their configuration
         self.base: dict[str, object] = {}  # group key -> the case its variants copy
         self.second: dict[str, list] = {}  # group key -> its second round's variants (run)
+        self.packaged_rounds: set[str] = set()  # group keys measured for a packaged failure
 
     def _key(self, case, pg: str, leave_out: frozenset) -> str:
         """The cache key of ``case``'s variants: what a variant measures, configuration,
@@ -117,7 +110,7 @@ class OnDemand:
             for base in bases:
                 key = self._key(base, pg, leave_out)
                 self.case_group.setdefault(case.id, []).append(key)
-                self.pools.group_pool[key], self.base[key] = _pool(base), base
+                self.pools.group_pool[key], self.base[key] = pool_of(base), base
                 if key in self.groups or key in self.cached:
                     continue
                 hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
@@ -138,45 +131,23 @@ class OnDemand:
                     out.append(v)
         return out
 
-    def _measure(self, key: str, scheduler, second: bool = False) -> None:
-        """Run (wait for) the group's variants (``second``: its second round's) and take their
-        populations; cached for later runs unless a variant was cancelled (a later run
-        measures the group again)."""
-        rows, seconds, cancelled = [], 0.0, 0
-        for v in self.second[key] if second else self.groups[key]:
-            res = scheduler.result(v)
-            pg, _ = self.hs.env.placement(v)
-            seconds += res.seconds or 0.0
-            cancelled += res.status == "cancelled"
-            rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
-                                           self.hs.run_id, self.leave_out[key],
-                                           reshard_only=v.target is not None)
-        write_history(self.hs, rows, key + ("-2" if second else ""))
-        if second:
-            self.pools.rounds2.add(key)
-        self.pools.take(key, rows)
-        self.done[key] = self.done.get(key, 0.0) + seconds
-        self.cancelled += cancelled
-        if self.cache is not None and not cancelled:
-            self.cache.set(CACHE_PREFIX + key, {"rows": self.pools.group_rows[key],
-                                                "at": time.time(),
-                                                "second": key in self.pools.rounds2})
-
     def resolve(self, case, rows: list[dict], scheduler) -> int:
-        """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged."""
-        if not any(r.get("outcome") == UNJUDGED for r in rows):
-            return 0
-        # every group of the case's pools first: a pool's populations, and so the case's
-        # tolerance, must not depend on which of its cases is judged first
-        pools = {self.pools.group_pool[k] for k in self.case_group.get(case.id, ())}
-        for key in self.pools.keys(pools):
-            if key in self.groups and key not in self.done:  # (cached ones were taken)
-                self._measure(key, scheduler)
-        before = [dict(r) for r in rows]
-        left = self._judge(case, rows)
-        if self._second_round(case, rows, scheduler):  # the case again, by the larger pools
-            rows[:] = before
+        """Judge ``case``'s unjudged rows (in place); how many comparisons stay unjudged. Then
+        a case a packaged population failed gets its second round there (second_round.py)."""
+        left = 0
+        if any(r.get("outcome") == UNJUDGED for r in rows):
+            # every group of the case's pools first: a pool's populations, and so the case's
+            # tolerance, must not depend on which of its cases is judged first
+            pools = {self.pools.group_pool[k] for k in self.case_group.get(case.id, ())}
+            for key in self.pools.keys(pools):
+                if key in self.groups and key not in self.done:  # (cached ones were taken)
+                    self._measure(key, scheduler)
+            before = [dict(r) for r in rows]
             left = self._judge(case, rows)
+            if self._second_round(case, rows, scheduler):  # again, by the larger pools
+                rows[:] = before
+                left = self._judge(case, rows)
+        self._packaged_round(case, rows, scheduler)
         return left
 
     def _judge(self, case, rows: list[dict]) -> int:
@@ -189,25 +160,6 @@ class OnDemand:
                 if r.get("outcome") == UNJUDGED:
                     r["detail"] += "; not calibrated on demand (--calibrate off)"
         return left
-
-    def _second_round(self, case, rows: list[dict], scheduler) -> bool:
-        """Where an on-demand population failed ``case`` by a margin a larger pool may pass
-        (``on_demand.second_round_may_pass``): the second round of every group of that pool
-        without one (its seeds added to the scheduler, waited for). Whether any ran."""
-        if self.mode == "off" or not on_demand.second_round_may_pass(rows):
-            return False
-        failed = {r["check"] == "reshard" for r in rows if r.get("outcome") == "fail"
-                  and str(r.get("tolerance_source", "")).startswith("on demand")}
-        pools = {p for p in map(self.pools.group_pool.get, self.case_group.get(case.id, ()))
-                 if (p[4] is not None) in failed}  # p[4]: the reshard's target world
-        keys = [k for k in self.pools.keys(pools) if k not in self.pools.rounds2]
-        for k in keys:
-            self.second[k] = on_demand.variants(self.base[k], seeds=on_demand.SECOND_SEEDS)
-            self.variant_group.update((v.id, k) for v in self.second[k])
-        scheduler.graph.add([v for k in keys for v in self.second[k]])
-        for k in keys:
-            self._measure(k, scheduler, second=True)
-        return bool(keys)
 
 
 def siblings(od: OnDemand, case) -> list:
@@ -243,33 +195,28 @@ def cancel_after_timeout(siblings, sched, finished: dict) -> None:
                     sched.done[t.name] = TaskResult(t.name, "cancelled", errors={-1: why})
 
 
-def write_history(hs, rows: list[dict], key: str) -> None:
-    """The variants' rows as a history file under the report dir's
-    calibration_on_demand/history -- what ``python -m harness calibrate --history DIR``
-    reads to make them part of the packaged calibration."""
-    if not rows or not hs.record.write_reports:
-        return
-    import pandas as pd
-    out = hs.record.report_dir / "calibration_on_demand" / "history"
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(out / f"{hs.run_id}-{key}.parquet")
-
-
 def summary(od: OnDemand) -> list[str]:
     """Terminal lines: what ``od`` calibrated on demand, and what that cost."""
-    out = []
-    if od.done:
-        n = sum(len(od.groups.get(k, ())) + len(od.second.get(k, ())) for k in od.done)
-        out.append(f"calibrated on demand: {len(od.done)} configuration(s) without a "
-                   f"population, {n} clean seeded variant(s), {sum(od.done.values()):.1f} "
-                   f"case-seconds; cached for later runs (pytest's cache)"
+    out, first = [], [k for k in od.done if k in od.groups]
+    second = [k for k in od.second if k not in od.packaged_rounds]
+    if first:
+        out.append(f"calibrated on demand: {len(first)} configuration(s) without a "
+                   f"population, {sum(len(od.groups[k]) for k in first)} clean seeded "
+                   f"variant(s); cached for later runs (pytest's cache)"
                    + (f"; {od.cancelled} variant(s) cancelled after a timeout of their "
                       f"configuration (not cached: measured again next run)"
                       if od.cancelled else ""))
-    if od.second:
-        n = sum(len(vs) for vs in od.second.values())
-        out.append(f"second round of seeds (a case failed by 10): {len(od.second)} "
-                   f"configuration(s), {n} variant(s) more, up to seed {on_demand.SECOND_N}")
+    if second:
+        out.append(f"second round of seeds (a case failed by 10): {len(second)} "
+                   f"configuration(s), {sum(len(od.second[k]) for k in second)} variant(s) "
+                   f"more, up to seed {on_demand.SECOND_N}")
+    if od.packaged_rounds:
+        out.append(f"a packaged population failed a case of a scenario the package does not "
+                   f"ship: {len(od.packaged_rounds)} configuration(s) measured on demand, seeds "
+                   f"1-{on_demand.SECOND_N} ({sum(len(od.second[k]) for k in od.packaged_rounds)}"
+                   f" variant(s))")
+    if od.done:
+        out.append(f"on-demand variants: {sum(od.done.values()):.1f} case-seconds")
     if od.cached:
         out.append(f"on-demand populations from the cache of an earlier run: "
                    f"{len(od.cached)} configuration(s)")
