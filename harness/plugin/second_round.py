@@ -100,23 +100,24 @@ class Rounds:
         leave_out = self.case_leave_out.get(case.id, frozenset())
         bases = ([on_demand.train_only(case)] if any(c != "reshard" for _, c, _ in failed)
                  else []) + ([case] if any(c == "reshard" for _, c, _ in failed) else [])
-        new = []
+        seeds: dict[str, tuple] = {}
         for base in bases:
             key = self._key(base, pg, leave_out)
-            self.pools.group_pool[key], self.base[key] = pool_of(base), base
-            self.leave_out[key] = leave_out
+            self.pools.group_pool.setdefault(key, pool_of(base))
+            self.base.setdefault(key, base)
+            self.leave_out.setdefault(key, leave_out)
+            if key in self.groups and key not in self.done:  # planned: its first round first
+                self._measure(key, scheduler)
             hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
-            if key in self.pools.rounds2:
-                continue
-            if hit is not None and hit.get("second"):
-                self.pools.rounds2.add(key)
+            if key not in self.pools.group_rows and hit is not None:
+                self.pools.rounds2.update([key] if hit.get("second") else [])
                 self.pools.take(key, hit["rows"])
                 self.cached.add(key)
-            else:
-                new.append(key)
-        self.packaged_rounds.update(new)
-        self._run_second(new, dict.fromkeys(new, on_demand.SEEDS + on_demand.SECOND_SEEDS),
-                         scheduler)
+            if key not in self.pools.rounds2:  # seeds 1-100, less those it has
+                seeds[key] = on_demand.SECOND_SEEDS if key in self.pools.group_rows else \
+                    on_demand.SEEDS + on_demand.SECOND_SEEDS
+        self.packaged_rounds.update(seeds)
+        self._run_second(list(seeds), seeds, scheduler)
         where, kept = Population.of_case(case, self.hs.device, pg), []
         for phase, check, quantity in failed:
             group = [r for r in rows if (r.get("phase", ""), r["check"], r["quantity"]) ==
