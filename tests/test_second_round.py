@@ -1,9 +1,9 @@
 """A second round of on-demand seeds where the first round's fail a case
 (tests/scenarios/heavy_tail.yaml). The errors of parameters trained under Adam are
 heavy-tailed; a QA probe (2026-11-29, reference backend, fp32 Linear on dp6): 14 of 200 clean
-seeds failed by 2x the p99 of seeds 1-10, seed 47 among them (fp32_parity/params max_abs
-4.0e-5 against 3.5e-6). With the pool's second round (seeds up to 100, bound by its largest
-sample) the clean case passes, the sized bug (gradients rounded to bf16) still fails, and a
+seeds failed by 2x the p99 of seeds 1-10, seed 160 among them (fp32_parity/params max_abs
+1.0e-5 against 3.5e-6). With the pool's second round (seeds up to 100, bound by its largest
+sample; none of them the case's own) the clean case passes, the sized bug (gradients rounded to bf16) still fails, and a
 later run takes the 100 seeds from the cache: the same verdicts, nothing run on demand."""
 
 import subprocess
@@ -17,8 +17,8 @@ from unseen import ROOT, cases
 
 pytestmark = pytest.mark.integration
 
-CLEAN = "heavy_tail[fp32-dp6-Linear-sync-none-none-47]"
-BUG = "heavy_tail[fp32-dp6-Linear-sync-none-grads_bf16-47]"
+CLEAN = "heavy_tail[fp32-dp6-Linear-sync-none-none-160]"
+BUG = "heavy_tail[fp32-dp6-Linear-sync-none-grads_bf16-160]"
 
 
 def _run(tmp_path, name):
@@ -42,7 +42,7 @@ def test_a_clean_tail_seed_passes_by_the_second_round_and_a_sized_bug_fails(tmp_
     clean = params1.loc[CLEAN]
     assert clean["tolerance_source"].str.endswith(" n=100").all(), clean
     fp32 = clean.loc[("fp32_parity", "max_abs")]
-    assert fp32["value"] > 3.5e-6 * 5, fp32  # the tail: what 10 seeds' bound failed
+    assert fp32["value"] > 3.5e-6 * 2, fp32  # the tail: what 10 seeds' bound failed
     assert (params1.loc[BUG]["row_outcome"] == "fail").any(), params1.loc[BUG]
 
     out2, got2, params2 = _run(tmp_path, "cached")
@@ -141,3 +141,50 @@ def test_the_package_judges_its_own_scenarios_and_seeds_that_moved_extend_nothin
     assert reproduces({"p99": 9e-7}, 1e-9) is None  # within the floor the package judged by
     assert reproduces({"p99": 1.9e-6}, 1e-9) is not None
     assert reproduces(None, 1e-6) is not None
+
+
+def test_what_the_review_found(tmp_path, monkeypatch):
+    """A reviewer's findings, each held: a NaN or a bitwise failure runs no round; a later
+    call's reshard task never shares a train task an earlier call made (its checkpoint may be
+    gone); a pool takes each variant's rows once; the plausibility guard reads the statistic
+    the tolerance takes (max after a second round)."""
+    import math
+    from harness.calibration import on_demand as rules
+    from harness.launch.task_graph import TaskGraph
+    from harness.plugin.on_demand import Pools
+    from harness.spec.matrix import expand
+    from harness.spec.scenario import load_scenario
+
+    def row(value, tol=1e-6, source="on demand x n=10", outcome="fail"):
+        return dict(phase="train", check="fp32_parity", quantity="params", metric="rel_l2",
+                    value=value, tolerance=tol, tolerance_source=source, outcome=outcome)
+    assert not rules.second_round_may_pass([row(math.nan)])
+    assert not rules.second_round_may_pass([row(2e-6), row(1.0, 0.0, source="bitwise")])
+    assert rules.second_round_may_pass([row(2e-6), row(1.0, source="registered")])
+
+    (tmp_path / "mine.yaml").write_text(
+        "name: mine\ndescription: d\naxes:\n  recipe: [fp32]\n  mesh: [dp2]\n"
+        "  module: [Linear]\n  dcp: [sync]\n  reshard: [none, to_dp4]\n")
+    plain, moved = sorted(expand(load_scenario(tmp_path / "mine.yaml")),
+                          key=lambda c: c.target is not None)
+    graph = TaskGraph([plain], tmp_path / "ckpt", lambda c: "all")
+    graph.add([moved, plain])  # the same key twice is taken once
+    assert graph.tasks[moved.key][0] is not graph.tasks[plain.key][0]
+    assert graph.tasks[moved.key][0].for_reshard and len(graph.all) == 3
+
+    real = rules.populations
+    monkeypatch.setattr(rules, "populations", lambda rows, bound="p99": {})
+    pools = Pools({})
+    pools.group_pool = {"a": ("p",), "b": ("p",)}
+    r = dict(case_id="v1", phase="train", check="c", quantity="q", metric="m")
+    pools.take("a", [r])
+    pools.take("b", [dict(r)])  # the same variant under another group's key
+    assert len(pools.rows[("p",)]) == 1
+    monkeypatch.setattr(rules, "populations", real)
+
+    key = ("fp32_parity", "params", "fp32", "mse", "reference", "cpu", "gloo", "cfg", "2",
+           "Linear", "rel_l2")
+    packaged = {key[:7] + ("other",) + key[8:]: dict(n=10, p99=1e-3, max=1e-3)}
+    wide = dict(n=100, p99=5e-3, max=5.0, bound="max")
+    assert rules.implausible(key, wide, packaged) is not None
+    assert rules.implausible(key, dict(wide, bound="p99"), packaged) is None

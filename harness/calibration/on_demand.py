@@ -177,13 +177,14 @@ def implausible(key: tuple, row: dict, packaged: dict) -> str | None:
     p99 beyond PLAUSIBLE_X times the largest p99 of the same check, quantity, recipe, loss,
     backend, device and process groups at every packaged configuration."""
     head, kind = key[:4], key[4:7]
-    if key[-1] != "rel_l2" or key[0] not in GUARDED or row["p99"] <= PLAUSIBLE_FLOOR:
+    stat = row.get("bound", "p99")  # what its tolerance takes: p99, or max after a 2nd round
+    if key[-1] != "rel_l2" or key[0] not in GUARDED or row[stat] <= PLAUSIBLE_FLOOR:
         return None
     others = [v["p99"] for k, v in packaged.items()
               if k[:4] == head and k[4:7] == kind and k[-1] == "rel_l2"]
-    if not others or row["p99"] <= PLAUSIBLE_X * max(others):
+    if not others or row[stat] <= PLAUSIBLE_X * max(others):
         return None
-    return (f"on-demand p99 rel-L2 {row['p99']:.3g} is over {PLAUSIBLE_X:g}x the largest "
+    return (f"on-demand {stat} rel-L2 {row[stat]:.3g} is over {PLAUSIBLE_X:g}x the largest "
             f"calibrated at any other configuration ({max(others):.3g}): a systematic error "
             f"would calibrate itself -- review it, then add the configuration to "
             f"scenarios/calibration.yaml")
@@ -251,11 +252,15 @@ def second_round_may_pass(rows: list[dict], sources: tuple = ("on demand",)) -> 
     verdict, only cost)."""
     groups: dict[tuple, float] = {}
     for r in rows:
-        if r.get("outcome") == "fail" and str(r.get("tolerance_source", "")).startswith(
-                sources) and r.get("metric") in ("max_abs", "rel_l2"):
+        source = str(r.get("tolerance_source", ""))
+        if r.get("outcome") == "error" or (r.get("outcome") == "fail" and not source.startswith(
+                (*sources, "registered"))):
+            return False  # a failure no population decides (bitwise, an error)
+        if r.get("outcome") == "fail" and source.startswith(sources) and \
+                r.get("metric") in ("max_abs", "rel_l2"):
             g = (r.get("phase", ""), r["check"], r["quantity"])
-            tol = r.get("tolerance") or 0.0
-            need = r["value"] / tol if tol > 0 else math.inf
+            tol, value = r.get("tolerance") or 0.0, r["value"]
+            need = value / tol if tol > 0 and math.isfinite(value) else math.inf
             groups[g] = max(groups.get(g, 0.0), need)
     return bool(groups) and max(groups.values()) <= SECOND_X
 

@@ -26,7 +26,6 @@ class TaskGraph:
                  pg_of: Callable[[Case], str] = lambda c: ""):
         self._root, self._scope_of, self._pg_of = Path(ckpt_root), scope_of, pg_of
         self._group: dict[str, tuple] = {}  # case key -> (scope, backend of its phases)
-        self._trains: dict[tuple, Task] = {}  # ((scope, backend), train_key) -> shareable
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
         self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
         self.all: list[Task] = []
@@ -44,10 +43,11 @@ class TaskGraph:
         # the train tasks of the cases without target: the ones a resharding case may share
         # (on one process-group backend: on 2 GPUs a dp2 -> dp4 case is gloo throughout, the dp2
         # case without target NCCL, so each trains its own)
-        self._trains.update(((self._group[c.key], c.train_key), own(c)) for c in cases
-                            if c.target is None)
+        # (within one call: a task of an earlier one may have run, its checkpoint not kept)
+        cases = [c for c in cases if c.key not in self.tasks]
+        trains = {(self._group[c.key], c.train_key): own(c) for c in cases if c.target is None}
         for c in cases:
-            train = self._trains.get((self._group[c.key], c.train_key)) or own(c)
+            train = trains.get((self._group[c.key], c.train_key)) or own(c)
             self.tasks[c.key] = [train]
             if c.target is not None:
                 train.for_reshard = True

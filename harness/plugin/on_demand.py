@@ -39,6 +39,7 @@ class Pools:
         self.rounds2: set[str] = set()  # group keys whose samples include the second round
         self.rows: dict[tuple, list[dict]] = {}  # pool -> the samples' rows (cached too)
         self.taken: dict[tuple, dict] = {}  # pool -> the populations it gives now
+        self.seen: dict[tuple, set] = {}  # pool -> its rows' (variant, row) identities
 
     def keys(self, pools) -> list[str]:
         """The group keys of ``pools``."""
@@ -51,9 +52,15 @@ class Pools:
         with a group's second round bounds by its largest sample (``on_demand.SECOND_N``)."""
         pool = self.group_pool[key]
         self.group_rows.setdefault(key, []).extend(rows)
-        self.rows.setdefault(pool, []).extend(rows)
+        # once each: groups that differ only by what they leave out run the same variants
+        seen = self.seen.setdefault(pool, set())
+        for r in rows:
+            ident = tuple(r.get(k) for k in ("case_id", "phase", "check", "quantity", "metric"))
+            if not r.get("case_id") or ident not in seen:
+                seen.add(ident)
+                self.rows.setdefault(pool, []).append(r)
         second = any(k in self.rounds2 for k in self.keys({pool}))
-        found = on_demand.populations(self.rows[pool], bound="max" if second else "p99")
+        found = on_demand.populations(self.rows.get(pool, []), bound="max" if second else "p99")
         self.taken[pool], refused = on_demand.screen(found, self.packaged)
         self.measured = {**self.packaged, **{k: v for t in self.taken.values()
                                              for k, v in t.items()}}
@@ -111,6 +118,7 @@ class OnDemand(Rounds):
                 key = self._key(base, pg, leave_out)
                 self.case_group.setdefault(case.id, []).append(key)
                 self.pools.group_pool[key], self.base[key] = pool_of(base), base
+                self.leave_out.setdefault(key, leave_out)  # (a cached group's second round)
                 if key in self.groups or key in self.cached:
                     continue
                 hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
@@ -121,7 +129,6 @@ class OnDemand(Rounds):
                     self.cached.add(key)
                 elif self.mode != "off":
                     self.groups[key] = on_demand.variants(base)
-                    self.leave_out[key] = leave_out
                     self.variant_group.update((v.id, key) for v in self.groups[key])
         seen, out = set(), []
         for vs in self.groups.values():

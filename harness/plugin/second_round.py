@@ -22,7 +22,7 @@ import time
 from harness.calibration import derive, on_demand
 from harness.calibration.derive import MIN_N, SCENARIO_DIR
 from harness.calibration.tolerances import FACTOR, UNJUDGED, Population
-from harness.checks.outcomes import COVERAGE
+from harness.checks.outcomes import COVERAGE, FAILED
 from harness.spec import catalog
 
 CACHE_PREFIX = "harness-on-demand/"  # pytest cache keys: <prefix><group key>
@@ -74,7 +74,8 @@ class Rounds:
     def _second_round(self, case, rows: list[dict], scheduler) -> bool:
         """Where an on-demand population failed ``case`` by a margin a larger pool may pass:
         the second round of every group of that pool without one. Whether any ran."""
-        if self.mode == "off" or not on_demand.second_round_may_pass(rows):
+        if self.mode == "off" or not on_demand.second_round_may_pass(
+                rows, ("on demand", "calibrated")):
             return False
         failed = {r["check"] == "reshard" for r in rows if r.get("outcome") == "fail"
                   and str(r.get("tolerance_source", "")).startswith("on demand")}
@@ -100,12 +101,14 @@ class Rounds:
         leave_out = self.case_leave_out.get(case.id, frozenset())
         bases = ([on_demand.train_only(case)] if any(c != "reshard" for _, c, _ in failed)
                  else []) + ([case] if any(c == "reshard" for _, c, _ in failed) else [])
-        seeds: dict[str, tuple] = {}
         for base in bases:
             key = self._key(base, pg, leave_out)
             self.pools.group_pool.setdefault(key, pool_of(base))
             self.base.setdefault(key, base)
             self.leave_out.setdefault(key, leave_out)
+        # every group of those pools (as _second_round): its first round, then seeds to 100
+        seeds: dict[str, tuple] = {}
+        for key in self.pools.keys({pool_of(b) for b in bases}):
             if key in self.groups and key not in self.done:  # planned: its first round first
                 self._measure(key, scheduler)
             hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
@@ -139,7 +142,7 @@ class Rounds:
                 for r, old in pairs:
                     r.clear()
                     r.update(old)
-        bad = {(r.get("phase", ""), r["check"]) for r in rows if r.get("outcome") == "fail"}
+        bad = {(r.get("phase", ""), r["check"]) for r in rows if r.get("outcome") in FAILED}
         for r in rows:  # a unit whose comparisons all pass now passes
             if r.get("metric") == COVERAGE and r.get("outcome") == "failed" and \
                     (r.get("phase", ""), r["check"]) not in bad and \
