@@ -144,7 +144,7 @@ def test_the_package_judges_its_own_scenarios_and_seeds_that_moved_extend_nothin
 
 
 def test_what_the_review_found(tmp_path, monkeypatch):
-    """A reviewer's findings, each held: a NaN or a bitwise failure runs no round; a later
+    """A reviewer's findings, each held: a NaN runs no round; a later
     call's reshard task never shares a train task an earlier call made (its checkpoint may be
     gone); a pool takes each variant's rows once; the plausibility guard reads the statistic
     the tolerance takes (max after a second round)."""
@@ -159,8 +159,9 @@ def test_what_the_review_found(tmp_path, monkeypatch):
         return dict(phase="train", check="fp32_parity", quantity="params", metric="rel_l2",
                     value=value, tolerance=tol, tolerance_source=source, outcome=outcome)
     assert not rules.second_round_may_pass([row(math.nan)])
-    assert not rules.second_round_may_pass([row(2e-6), row(1.0, 0.0, source="bitwise")])
-    assert rules.second_round_may_pass([row(2e-6), row(1.0, source="registered")])
+    # a bitwise failure may be a registered one (TE DelayedScaling's load): the round may still
+    # turn the case from failed to xfailed (a QA probe on real TE: seed 111's twin loss)
+    assert rules.second_round_may_pass([row(2e-6), row(1.0, 0.0, source="bitwise")])
 
     (tmp_path / "mine.yaml").write_text(
         "name: mine\ndescription: d\naxes:\n  recipe: [fp32]\n  mesh: [dp2]\n"
