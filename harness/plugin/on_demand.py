@@ -26,7 +26,6 @@ from harness.launch.tasks import TaskResult
 from harness.plugin.second_round import CACHE_PREFIX, Rounds, pool_of
 
 
-
 class Pools:
     """The run's on-demand samples, by group and by pool, and the populations they give now."""
 
