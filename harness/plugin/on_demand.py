@@ -23,7 +23,7 @@ from harness import calibration
 from harness.calibration import on_demand
 from harness.calibration.tolerances import UNJUDGED
 from harness.launch.tasks import TaskResult
-from harness.plugin.second_round import CACHE_PREFIX, Rounds, pool_of
+from harness.plugin.second_round import Rounds, pool_of
 
 
 class Pools:
@@ -120,13 +120,9 @@ class OnDemand(Rounds):
                 self.leave_out.setdefault(key, leave_out)  # (a cached group's second round)
                 if key in self.groups or key in self.cached:
                     continue
-                hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
-                if hit is not None:
-                    if hit.get("second"):
-                        self.pools.rounds2.add(key)
-                    self.pools.take(key, hit["rows"])
-                    self.cached.add(key)
-                elif self.mode != "off":
+                if self._from_cache(key):
+                    continue
+                if self.mode != "off":
                     self.groups[key] = on_demand.variants(base)
                     self.variant_group.update((v.id, key) for v in self.groups[key])
         seen, out = set(), []

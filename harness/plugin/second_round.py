@@ -16,6 +16,7 @@ pass (``on_demand.second_round_may_pass``):
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -26,7 +27,12 @@ from harness.checks.outcomes import COVERAGE, FAILED
 from harness.spec import catalog
 
 CACHE_PREFIX = "harness-on-demand/"  # pytest cache keys: <prefix><group key>
-SHIPPED = frozenset(p.stem for p in SCENARIO_DIR.glob("*.yaml"))  # the package's scenarios
+
+
+@functools.cache
+def shipped() -> frozenset[str]:
+    """The package's scenarios (their names): judged by the package as it is."""
+    return frozenset(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
 
 
 def pool_of(v) -> tuple:
@@ -62,6 +68,18 @@ class Rounds:
                                                 "at": time.time(),
                                                 "second": key in self.pools.rounds2})
 
+    def _from_cache(self, key: str) -> bool:
+        """The group's samples from pytest's cache (with its second round, where it had one),
+        where an earlier run left them."""
+        hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
+        if hit is None:
+            return False
+        if hit.get("second"):
+            self.pools.rounds2.add(key)
+        self.pools.take(key, hit["rows"])
+        self.cached.add(key)
+        return True
+
     def _run_second(self, keys: list[str], seeds: dict[str, tuple], scheduler) -> None:
         """The groups ``keys`` run ``seeds[key]`` (added to the scheduler, waited for)."""
         for k in keys:
@@ -77,8 +95,7 @@ class Rounds:
         if self.mode == "off" or not on_demand.second_round_may_pass(
                 rows, ("on demand", "calibrated")):
             return False
-        failed = {r["check"] == "reshard" for r in rows if r.get("outcome") == "fail"
-                  and str(r.get("tolerance_source", "")).startswith("on demand")}
+        failed = {c == "reshard" for _, c, _ in on_demand.failed_by(rows, ("on demand",))}
         pools = {p for p in map(self.pools.group_pool.get, self.case_group.get(case.id, ()))
                  if (p[4] is not None) in failed}  # p[4]: the reshard's target world
         keys = [k for k in self.pools.keys(pools) if k not in self.pools.rounds2]
@@ -89,12 +106,10 @@ class Rounds:
         """Where a packaged population failed ``case`` of a scenario the package does not ship,
         by a margin a larger pool may pass: its configuration's seeds 1-100 on demand judge the
         failed comparisons again (in place) where seeds 1-10 reproduce the package's p99."""
-        if self.mode == "off" or case.scenario in SHIPPED or \
+        if self.mode == "off" or case.scenario in shipped() or \
                 not on_demand.second_round_may_pass(rows, ("calibrated", "on demand")):
             return
-        failed = {(r.get("phase", ""), r["check"], r["quantity"]) for r in rows
-                  if r.get("outcome") == "fail" and r.get("metric") in ("max_abs", "rel_l2")
-                  and str(r.get("tolerance_source", "")).startswith("calibrated")}
+        failed = on_demand.failed_by(rows, ("calibrated",))
         if not failed:
             return
         pg, _ = self.hs.env.placement(case)
@@ -111,11 +126,8 @@ class Rounds:
         for key in self.pools.keys({pool_of(b) for b in bases}):
             if key in self.groups and key not in self.done:  # planned: its first round first
                 self._measure(key, scheduler)
-            hit = self.cache.get(CACHE_PREFIX + key, None) if self.cache else None
-            if key not in self.pools.group_rows and hit is not None:
-                self.pools.rounds2.update([key] if hit.get("second") else [])
-                self.pools.take(key, hit["rows"])
-                self.cached.add(key)
+            if key not in self.pools.group_rows:
+                self._from_cache(key)
             if key not in self.pools.rounds2:  # seeds 1-100, less those it has
                 seeds[key] = on_demand.SECOND_SEEDS if key in self.pools.group_rows else \
                     on_demand.SEEDS + on_demand.SECOND_SEEDS
