@@ -61,9 +61,16 @@ class Pools:
         second = any(k in self.rounds2 for k in self.keys({pool}))
         found = on_demand.populations(self.rows.get(pool, []), bound="max" if second else "p99")
         self.taken[pool], refused = on_demand.screen(found, self.packaged)
-        self.measured = {**self.packaged, **{k: v for t in self.taken.values()
-                                             for k, v in t.items()}}
+        taken: dict[tuple, dict] = {}  # two pools measuring one population: the larger sample
+        for k, v in ((k, v) for t in self.taken.values() for k, v in t.items()):
+            if k not in taken or _size(v) > _size(taken[k]):
+                taken[k] = v
+        self.measured = {**self.packaged, **taken}
         self.refused.update(refused)
+
+
+def _size(population: dict) -> tuple:
+    return population["n"], population[population.get("bound", "p99")]
 
 
 class OnDemand(Rounds):
@@ -84,17 +91,48 @@ class OnDemand(Rounds):
         self.base: dict[str, object] = {}  # group key -> the case its variants copy
         self.second: dict[str, list] = {}  # group key -> its second round's variants (run)
         self.packaged_rounds: set[str] = set()  # group keys measured for a packaged failure
+        self.whole: set[str] = set()  # group keys whose variants' train rows count too
 
-    def _key(self, case, pg: str, leave_out: frozenset) -> str:
+    def _key(self, case, pg: str, leave_out: frozenset, whole: bool = False) -> str:
         """The cache key of ``case``'s variants: what a variant measures, configuration,
-        population, versions and the known failures their samples leave out."""
+        population, versions and the known failures their samples leave out (``whole``: the
+        train phase's rows of a reshard's variants too)."""
         v = on_demand.variants(case, seeds=(0,))[0]
         text = json.dumps([on_demand.VERSION, v.scenario, v.backend,
                            [a for a in v.axes if a[0] != "seed"],
                            v.checks, [list(w) for w in v.workarounds], self.hs.device, pg,
-                           self.versions, sorted(map(str, leave_out))], sort_keys=True,
-                          default=str)
+                           self.versions, sorted(map(str, leave_out))] + (["whole"] if whole
+                                                                           else []),
+                          sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def _train_base(self, case, pg: str):
+        """The case whose variants measure ``case``'s train-phase populations: ``case``
+        without its reshard -- unless that would run on other process groups (on two GPUs a
+        dp2 -> dp4 case shares them over gloo, a dp2 case gets a GPU a rank over NCCL): then
+        ``case`` itself, its variants' train rows counted too (their samples would otherwise
+        land in the NCCL population and leave the case's unjudged)."""
+        train = on_demand.train_only(case)
+        return train if case.target is None or self.hs.env.placement(train)[0] == pg else case
+
+    def _bases(self, case, pg: str, leave_out: frozenset, checks) -> list[str]:
+        """The group keys of the variants measuring ``checks`` of ``case`` (registered)."""
+        t = self._train_base(case, pg) if any(c != "reshard" for c in checks) else None
+        bases = [b for b in (t, case if "reshard" in checks else None) if b is not None]
+        out = []
+        for base in dict.fromkeys(bases):  # (one group where the train base is the case)
+            whole = base is t and base.target is not None
+            key = self._key(base, pg, leave_out, whole)
+            if whole:
+                self.whole.add(key)
+            self.pools.group_pool[key], self.base[key] = pool_of(base), base
+            self.leave_out.setdefault(key, leave_out)  # (a cached group's second round)
+            out.append(key)
+        return out
+
+    def serves(self, key: str) -> set[bool]:
+        """Whether the group measures train-phase (False) or reshard (True) populations."""
+        return {self.base[key].target is not None} | ({False} if key in self.whole else set())
 
     def plan(self, cases: list[tuple]) -> list:
         """The variants to run beside ``cases`` ((case, its xfail entries) pairs; none where
@@ -111,19 +149,14 @@ class OnDemand(Rounds):
                     if (c, None) not in leave_out and (c, q) not in leave_out]
             if not miss:  # (a registered failure is judged by its entry's bounds)
                 continue
-            bases = ([on_demand.train_only(case)] if any(c != "reshard" for c, _ in miss)
-                     else []) + ([case] if any(c == "reshard" for c, _ in miss) else [])
-            for base in bases:
-                key = self._key(base, pg, leave_out)
+            for key in self._bases(case, pg, leave_out, {c for c, _ in miss}):
                 self.case_group.setdefault(case.id, []).append(key)
-                self.pools.group_pool[key], self.base[key] = pool_of(base), base
-                self.leave_out.setdefault(key, leave_out)  # (a cached group's second round)
                 if key in self.groups or key in self.cached:
                     continue
                 if self._from_cache(key):
                     continue
                 if self.mode != "off":
-                    self.groups[key] = on_demand.variants(base)
+                    self.groups[key] = on_demand.variants(self.base[key])
                     self.variant_group.update((v.id, key) for v in self.groups[key])
         seen, out = set(), []
         for vs in self.groups.values():

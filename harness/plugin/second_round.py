@@ -56,7 +56,8 @@ class Rounds:
             cancelled += res.status == "cancelled"
             rows += on_demand.history_rows(v, res.rows, res.status, self.hs.device, pg,
                                            self.hs.run_id, self.leave_out[key],
-                                           reshard_only=v.target is not None)
+                                           reshard_only=v.target is not None and
+                                           key not in self.whole)
         write_history(self.hs, rows, key + ("-2" if second else ""))
         if second:
             self.pools.rounds2.add(key)
@@ -96,8 +97,8 @@ class Rounds:
                 rows, ("on demand", "calibrated")):
             return False
         failed = {c == "reshard" for _, c, _ in on_demand.failed_by(rows, ("on demand",))}
-        pools = {p for p in map(self.pools.group_pool.get, self.case_group.get(case.id, ()))
-                 if (p[4] is not None) in failed}  # p[4]: the reshard's target world
+        pools = {self.pools.group_pool[k] for k in self.case_group.get(case.id, ())
+                 if self.serves(k) & failed}
         keys = [k for k in self.pools.keys(pools) if k not in self.pools.rounds2]
         self._run_second(keys, dict.fromkeys(keys, on_demand.SECOND_SEEDS), scheduler)
         return bool(keys)
@@ -114,16 +115,10 @@ class Rounds:
             return
         pg, _ = self.hs.env.placement(case)
         leave_out = self.case_leave_out.get(case.id, frozenset())
-        bases = ([on_demand.train_only(case)] if any(c != "reshard" for _, c, _ in failed)
-                 else []) + ([case] if any(c == "reshard" for _, c, _ in failed) else [])
-        for base in bases:
-            key = self._key(base, pg, leave_out)
-            self.pools.group_pool.setdefault(key, pool_of(base))
-            self.base.setdefault(key, base)
-            self.leave_out.setdefault(key, leave_out)
+        keys = self._bases(case, pg, leave_out, {c for _, c, _ in failed})
         # every group of those pools (as _second_round): its first round, then seeds to 100
         seeds: dict[str, tuple] = {}
-        for key in self.pools.keys({pool_of(b) for b in bases}):
+        for key in self.pools.keys({self.pools.group_pool[k] for k in keys}):
             if key in self.groups and key not in self.done:  # planned: its first round first
                 self._measure(key, scheduler)
             if key not in self.pools.group_rows:
@@ -139,7 +134,7 @@ class Rounds:
                      (phase, check, quantity) and r.get("metric") in ("max_abs", "rel_l2")]
             rel = next((r for r in group if r["metric"] == "rel_l2"), None)
             why = "no rel-L2 row" if rel is None else on_demand.reproduces(
-                self._first_ten(case, check, quantity, where), rel["tolerance"] / FACTOR)
+                self._first_ten(case, pg, check, quantity, where), rel["tolerance"] / FACTOR)
             if why:
                 for r in group:
                     r["detail"] = f"{r.get('detail', '')}; {why}"
@@ -161,9 +156,9 @@ class Rounds:
                     any((p, c) == (r.get("phase", ""), r["check"]) for p, c, _ in failed):
                 r["outcome"] = "passed"
 
-    def _first_ten(self, case, check: str, quantity: str, where) -> dict | None:
+    def _first_ten(self, case, pg: str, check: str, quantity: str, where) -> dict | None:
         """The rel-L2 population of seeds 1-10 of ``case``'s own (finest) population."""
-        pool = pool_of(on_demand.train_only(case) if check != "reshard" else case)
+        pool = pool_of(self._train_base(case, pg) if check != "reshard" else case)
         rows = [r for r in self.pools.rows.get(pool, ())
                 if int(json.loads(r["axes"]).get("seed", 0)) <= MIN_N]
         key = (check, quantity, case.recipe, catalog.TASK_LOSS[case.task]) + \
