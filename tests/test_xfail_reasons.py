@@ -62,8 +62,11 @@ def test_every_printed_xfail_reason_is_one_short_line():
         assert mark.kwargs["strict"] is True
     # every entry applies to some case here, so every entry's reason was checked above --
     # but those for users' scenarios alone (registry.USER), whose reasons the next test checks
-    shipped = {e.number for e in reg.entries if e.match.get("scenario") != [registry.USER]}
-    assert shipped == {e.number for i in marked for e in i.entries}
+    # (one may apply here too: a shipped scenario no entry names is the USER pattern's, as the
+    # calibration scenario's block dp4 -> dp2 cases, which skip on TE at its dims)
+    user = {e.number for e in reg.entries if e.match.get("scenario") == [registry.USER]}
+    shipped = {e.number for e in reg.entries} - user
+    assert shipped == {e.number for i in marked for e in i.entries} - user
 
 
 def test_shipped_entries_keep_their_measurements_in_details():
