@@ -68,17 +68,42 @@ def test_te_block_formats_have_a_twin_without_fsdp(recipe, monkeypatch):
     assert seen == [False, True]
 
 
-def test_te_delayed_scaling_has_a_whole_batch_twin():
-    """TE DelayedScaling reduces its amaxes over the world: its twin runs the whole global batch
-    in one forward (per-slice micro-batches would advance TE's histories once per slice)."""
+def test_te_delayed_scaling_twin_updates_its_amaxes_once_a_step():
+    """TE DelayedScaling reduces its amaxes over the world and updates its scales as an autocast
+    region ends (and a backward's first module ends): its twin reduces them over its own ranks
+    and runs each slice as a micro-batch whose updates wait for the step's last slice
+    (per-slice updates advanced TE's histories once per slice; the whole batch in one forward
+    made other GEMM shapes)."""
+    from harness.backends import te_global_state
     from harness.backends.te_backend import TEBackend
     from harness.backends.torch_backend import TorchBackend
     c = case("dp2", "delayed")
     assert twin.calibrated(c, "te", "cuda")
-    assert TEBackend().twin_whole_batch(c) and not TEBackend().twin_whole_batch(case("dp2",
-                                                                                    "current"))
-    assert not TorchBackend().twin_whole_batch(c)
+    assert TEBackend().twin_amax_group(c) and not TEBackend().twin_amax_group(case("dp2",
+                                                                                  "current"))
+    assert not TorchBackend().twin_amax_group(c)
     assert twin.calibrated(case("dp2xtp2", "delayed"), "te", "cuda")
+
+    calls = []
+
+    class Manager:  # TE's FP8GlobalStateManager, as far as the twin's step touches it
+        @classmethod
+        def reduce_and_update_fp8_tensors(cls, forward=True):
+            calls.append(forward)
+
+    with te_global_state.OneUpdatePerStep(Manager) as held:
+        for _ in range(3):  # three slices: a forward region's end, then a backward's
+            held.next_slice()
+            Manager.reduce_and_update_fp8_tensors(forward=True)
+            Manager.reduce_and_update_fp8_tensors(forward=False)
+        assert calls == []
+    assert calls == [True, False]  # once each, forward first, after the last slice
+    Manager.reduce_and_update_fp8_tensors(forward=False)
+    assert calls == [True, False, False]  # TE's own again
+    with pytest.raises(RuntimeError), te_global_state.OneUpdatePerStep(Manager):
+        Manager.reduce_and_update_fp8_tensors(forward=True)
+        raise RuntimeError("a slice failed")
+    assert calls == [True, False, False]  # nothing updated for a step that raised
 
 
 def test_one_slice_has_no_twin():

@@ -74,15 +74,18 @@ def _import():
 TWIN_WITHOUT_FSDP = BLOCK_FORMATS
 
 
+# Float8Tensor's transpose cache and the columnwise copies of blockwise / MXFP8 / NVFP4 tensors
+# are (re)built when a GEMM needs them; whatever a load leaves absent is compared after the next
+# step with the uninterrupted run's (dcp_roundtrip rebuilt_buffers).
+LAZY_BUFFERS = ("transpose", "columnwise")
+
+
 class TEBackend(TorchBackend):
     name = "te"
     recipes = catalog.RECIPES_BY_BACKEND["te"]
-    whole_batch_twin = ("delayed",)  # amaxes reduced over the world each step (single.py)
+    amax_group_twin = ("delayed",)  # amaxes reduced over the world each step (single.py)
     twin_without_fsdp = TWIN_WITHOUT_FSDP
-    # Float8Tensor's transpose cache and the columnwise copies of blockwise / MXFP8 / NVFP4
-    # tensors are (re)built when a GEMM needs them; whatever a load leaves absent is compared
-    # after the next step with the uninterrupted run's (dcp_roundtrip rebuilt_buffers).
-    lazy_buffers = ("transpose", "columnwise")
+    lazy_buffers = LAZY_BUFFERS
 
     # --- pytest process -------------------------------------------------------------------
     def skip_reason(self, case, device: str) -> str | None:
@@ -212,6 +215,9 @@ class TEBackend(TorchBackend):
     def isolated(self):
         """TE's global FP8 state of its own while rank 0 runs alone (te_global_state.py)."""
         return te_global_state.isolated()
+
+    def one_update_per_step(self, case):  # DelayedScaling's twin: once a step
+        return te_global_state.OneUpdatePerStep(defer=case.recipe in self.amax_group_twin)
 
     def autocast(self, case, group=None):
         te, _, _ = _import()

@@ -37,3 +37,46 @@ def isolated(state_manager=None):
     finally:
         for k, v in saved.items():
             setattr(m, k, v)
+
+
+class OneUpdatePerStep(contextlib.AbstractContextManager):
+    """Around one step of the one-rank twin's micro-batches under DelayedScaling
+    (distributed/single.py): the amax reductions and scale updates TE makes as each slice's
+    autocast region ends (forward) and as its first module's backward ends (backward) wait for
+    the step's last slice and then run once each -- from the amaxes every slice's casts maxed
+    into the histories' first row, as the sharded run's all-reduce over its ranks makes them.
+    Run per slice they advanced the histories once per slice. ``defer=False``: nothing
+    waits (the other recipes)."""
+
+    NAME = "reduce_and_update_fp8_tensors"
+
+    def __init__(self, state_manager=None, defer: bool = True):
+        self.m, self.defer = state_manager, defer
+        self.asked: list[bool] = []  # the directions (forward?) TE asked for, in order
+
+    def __enter__(self):
+        if not self.defer:
+            return self
+        self.m = self.m if self.m is not None else manager()
+        self.saved = vars(self.m).get(self.NAME)  # the classmethod object itself
+
+        def deferred(cls, forward: bool = True) -> None:
+            if forward not in self.asked:
+                self.asked.append(forward)
+        setattr(self.m, self.NAME, classmethod(deferred))
+        return self
+
+    def next_slice(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        if not self.defer:
+            return None
+        if self.saved is None:
+            delattr(self.m, self.NAME)
+        else:
+            setattr(self.m, self.NAME, self.saved)
+        if exc[0] is None:
+            for forward in self.asked:
+                getattr(self.m, self.NAME)(forward=forward)
+        return None

@@ -13,7 +13,7 @@ from harness.spec import catalog
 
 class TorchBackend:
     name = "torch"
-    whole_batch_twin: tuple[str, ...] = ()  # recipes whose twin runs the whole batch at once
+    amax_group_twin: tuple[str, ...] = ()  # recipes whose twin reduces amaxes over its ranks
     twin_without_fsdp: tuple[str, ...] = ()  # recipes whose twin is built without fully_shard
     recipes = catalog.RECIPES_BY_BACKEND["torch"]
     # name fragments of quantized-tensor buffers the backend rebuilds lazily (on the next
@@ -101,11 +101,11 @@ class TorchBackend:
         (None: the library's default)."""
         return contextlib.nullcontext()
 
-    def twin_whole_batch(self, case) -> bool:
-        """The one-rank twin runs the whole global batch in one forward (not one micro-batch
-        per data-parallel slice): where the recipe's scales come from the amax over the whole
-        group, as the sharded run reduces them (distributed/single.py)."""
-        return case.recipe in self.whole_batch_twin
+    def twin_amax_group(self, case) -> bool:
+        """The one-rank twin's autocast reduces the recipe's amaxes over the twin's ranks
+        (their group): where the sharded run reduces them over the data-parallel group and
+        the library's default group would be the world (distributed/single.py)."""
+        return case.recipe in self.amax_group_twin
 
     def isolated(self):
         """Around a run one rank makes alone inside a case (the FP32 reference, the one-rank

@@ -149,20 +149,18 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
     mesh, tspec = twin_mesh(case, backend, device_type)
     group = parallel.mesh_group(mesh)
     # a recipe whose scales come from the amax over the whole data-parallel group (TE
-    # DelayedScaling reduces its amaxes over the world each step; micro-batches would advance
-    # its amax histories once per slice): one forward over the whole global batch, its loss
-    # scaled so that every gradient the backward makes has the size a rank's has (the sum of
-    # the slices' mean losses)
-    whole = backend.twin_whole_batch(case)
-    runs = [(None, 0)] if whole else [(spec, rank) for _, rank in sorted(slices.items())]
-    scale = float(len(slices)) if whole else 1.0
-    autocast = dict(group=group) if whole else {}  # its amaxes: the twin's ranks' alone
+    # DelayedScaling reduces its amaxes over the world each step): its amaxes reduced over the
+    # twin's ranks alone, its histories advanced once a step (``one_update_per_step``) -- each
+    # slice still a micro-batch of its own, so that its GEMMs are its ranks' (the whole batch in
+    # one forward made other shapes, whose fp32 differences flipped FP8 roundings)
+    runs = [(spec, rank) for _, rank in sorted(slices.items())]
+    autocast = dict(group=group) if backend.twin_amax_group(case) else {}
     model = backend.build_twin(case, mesh, tspec, case.train.seed, device)
     optim = backend.optimizer(model, case)
     names = backend.canonical_names(model)
     losses, grads = [], None
     for step in range(case.train.steps):
-        step_losses = []  # per slice (whole batch: their sum), summed as the sharded run's
+        step_losses = []  # per slice, summed as the sharded run's
         with backend.one_update_per_step(case) as held:  # amax histories: once per step
             for run_spec, rank in runs:
                 held.next_slice()
@@ -171,8 +169,8 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
                 with backend.autocast(case, **autocast):
                     out = model(x)
                 loss = data.TASKS[case.task].loss(out, y)
-                (loss * scale if whole else loss).backward()
-                step_losses.append(loss.detach().to("cpu", torch.float32) * scale)
+                loss.backward()
+                step_losses.append(loss.detach().to("cpu", torch.float32))
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(len(slices))
@@ -181,8 +179,7 @@ def single_rank_run(case, backend, device, device_type: str) -> tuple:
                      if p.grad is not None}
         optim.step()
         optim.zero_grad(set_to_none=True)
-        losses.append(float(step_losses[0]) / len(slices) if whole
-                      else run.slices_mean(step_losses))
+        losses.append(run.slices_mean(step_losses))
     params, stored, quantized = {}, {}, False
     for n, p in model.named_parameters():
         master = optim.state.get(p, {}).get("master_param") if _quantized(p) else None
