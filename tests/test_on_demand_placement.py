@@ -22,7 +22,7 @@ axes:
   mesh: [dp2]
   module: [LayerNormMLP]
   dcp: [sync]
-  reshard: [none, to_dp4]
+  reshard: [none, to_dp4, to_hsdp2x2]
 model: {hidden: 40, ffn: 56, heads: 4, seq: 4, batch: 8, out_features: 24}
 """
 
@@ -47,7 +47,7 @@ def _od(placement):
 def cases(tmp_path):
     (tmp_path / "mine.yaml").write_text(SCENARIO)
     return sorted(expand(load_scenario(tmp_path / "mine.yaml"), "reference"),
-                  key=lambda c: c.target is not None)
+                  key=lambda c: (c.target is not None, c.ax["reshard"]))
 
 
 class _Scheduler:
@@ -70,7 +70,7 @@ def _populations(od) -> set[tuple]:
 
 
 def test_a_case_whose_reshard_shares_the_gpus_measures_its_training_there_too(cases):
-    plain, moved = cases
+    plain, _, moved = cases
     od = _od(_two_gpus)
     variants = od.plan([(moved, [])])
     assert len(variants) == 10 and all(v.target is not None for v in variants), variants
@@ -90,7 +90,7 @@ def test_a_case_whose_reshard_shares_the_gpus_measures_its_training_there_too(ca
 def test_where_the_train_only_copy_runs_alike_it_measures_the_training(cases):
     """One GPU: every world shares it over gloo, as before -- train-phase populations from
     variants without the reshard (cheaper), the reshard's from variants with it."""
-    _, moved = cases
+    _, _, moved = cases
     od = _od(_one_gpu)
     variants = od.plan([(moved, [])])
     assert len(variants) == 20
@@ -101,3 +101,23 @@ def test_where_the_train_only_copy_runs_alike_it_measures_the_training(cases):
     # world 2's rows of the reshard variants are their train-only twins' samples: not twice
     assert od.pools.measured[next(k for k in od.pools.measured if k[8] == "2" and
                                   k[1] == "params" and k not in od.pools.packaged)]["n"] == 10
+
+
+def test_two_reshard_targets_of_one_training_count_it_once(cases):
+    """dp2 -> dp4 and dp2 -> hsdp2x2 on two GPUs: two groups of the case's own variants (their
+    reshard axes differ), one pool, the same ten trainings -- ten samples of world 2, not 20
+    (a review found them counted twice: the pool took each variant's rows by its case id)."""
+    _, to_hsdp, to_dp4 = cases
+    od = _od(_two_gpus)
+    od.plan([(to_dp4, []), (to_hsdp, [])])
+    keys = od.case_group[to_dp4.id] + od.case_group[to_hsdp.id]
+    assert len(set(keys)) == 2 and all(k in od.whole for k in keys)
+    assert len({od.pools.group_pool[k] for k in keys}) == 1
+    for key in keys:
+        od._measure(key, _Scheduler())
+    train = [v for k, v in od.pools.measured.items() if k not in od.pools.packaged
+             and k[8] == "2" and k[1] == "params"]
+    assert train and all(v["n"] == 10 for v in train), train
+    edges = {k[8]: v["n"] for k, v in od.pools.measured.items()
+             if k not in od.pools.packaged and k[1] == "next_params"}
+    assert edges == {"2->4": 20}, edges  # both targets are world 4: one edge, 20 reshards

@@ -49,7 +49,7 @@ SECOND_SEEDS = tuple(range(MIN_N + 1, SECOND_N + 1))
 SECOND_X = 100.0
 # what a variant measures: part of the cached populations' key, bumped when the harness's
 # numerics change (2: TE DelayedScaling builds start from fresh amax histories; 3: its
-# twin runs a step in one autocast region)
+# twin runs each slice, its amax updates once a step)
 VERSION = 3
 CHECKS = tuple(sorted({c for c, _ in CALIBRATED}))
 # extra axes set to their clean value in a variant: a sized bug, a TE mutant, a workaround

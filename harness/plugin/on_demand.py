@@ -24,6 +24,7 @@ from harness.calibration import on_demand
 from harness.calibration.tolerances import UNJUDGED
 from harness.launch.tasks import TaskResult
 from harness.plugin.second_round import Rounds, pool_of
+from harness.spec.matrix import reshard_target
 
 
 class Pools:
@@ -54,7 +55,8 @@ class Pools:
         # once each: groups that differ only by what they leave out run the same variants
         seen = self.seen.setdefault(pool, set())
         for r in rows:
-            ident = tuple(r.get(k) for k in ("case_id", "phase", "check", "quantity", "metric"))
+            ident = (_training(r),) + tuple(r.get(k) for k in ("phase", "check", "quantity",
+                                                               "metric"))
             if not r.get("case_id") or ident not in seen:
                 seen.add(ident)
                 self.rows.setdefault(pool, []).append(r)
@@ -67,6 +69,17 @@ class Pools:
                 taken[k] = v
         self.measured = {**self.packaged, **taken}
         self.refused.update(refused)
+
+
+def _training(row: dict):
+    """What a row measured: its variant -- for a train-phase row its training, which the
+    variants of one case with different reshard targets share (whole groups: the same
+    training, one sample), but the target's TP size (a backend may set training up for it)."""
+    if row.get("phase") != "train" or not row.get("axes"):
+        return row.get("case_id")
+    ax = json.loads(row["axes"])
+    target = reshard_target(ax.pop("reshard", None))
+    return row.get("scenario"), json.dumps(ax, sort_keys=True), target.tp if target else 1
 
 
 def _size(population: dict) -> tuple:

@@ -29,7 +29,7 @@ from harness.speed import layers
 _calls = itertools.count()  # plain path: this process's calls, each a file of its own
 
 VERSION = 1  # bump when reference_run or the synthetic data change meaning
-TWIN_VERSION = 2  # bump when single_rank_run changes meaning
+TWIN_VERSION = 3  # bump when single_rank_run changes meaning
 
 
 def determinants(case, backend, device, lr_scale: float, twin: bool = False) -> dict:
