@@ -121,3 +121,20 @@ def test_two_reshard_targets_of_one_training_count_it_once(cases):
     edges = {k[8]: v["n"] for k, v in od.pools.measured.items()
              if k not in od.pools.packaged and k[1] == "next_params"}
     assert edges == {"2->4": 20}, edges  # both targets are world 4: one edge, 20 reshards
+
+
+def test_whole_pools_of_one_training_are_measured_together(tmp_path):
+    """dp2 -> dp4 and dp2 -> dp8 on two GPUs: two pools (their target worlds differ) give the
+    same train populations; a case of either is judged after both are measured, so which one
+    judges it does not depend on which case came first (a review's finding)."""
+    (tmp_path / "mine.yaml").write_text(SCENARIO.replace("[none, to_dp4, to_hsdp2x2]",
+                                                         "[to_dp4, to_dp8]")
+                                        .replace("batch: 8", "batch: 16"))
+    to_dp4, to_dp8 = sorted(expand(load_scenario(tmp_path / "mine.yaml"), "reference"),
+                            key=lambda c: c.target.world_size)
+    od = _od(_two_gpus)
+    od.plan([(to_dp4, []), (to_dp8, [])])
+    mine, theirs = od.case_group[to_dp4.id], od.case_group[to_dp8.id]
+    assert {od.pools.group_pool[k] for k in mine} != {od.pools.group_pool[k] for k in theirs}
+    both = {od.pools.group_pool[k] for k in mine + theirs}
+    assert od.pools_of(mine) == od.pools_of(theirs) == both

@@ -143,6 +143,15 @@ class OnDemand(Rounds):
             out.append(key)
         return out
 
+    def pools_of(self, keys) -> set[tuple]:
+        """The pools of group ``keys``, and every whole group's pool measuring the same train
+        populations (its source world's, another reshard target world's pool): measured
+        together, so that which of them judges a case does not depend on which came first."""
+        pool = self.pools.group_pool
+        train = {pool[k][:4] + pool[k][5:] for k in keys if k in self.whole}
+        return {pool[k] for k in keys} | {pool[k] for k in self.whole
+                                          if pool[k][:4] + pool[k][5:] in train}
+
     def serves(self, key: str) -> set[bool]:
         """Whether the group measures train-phase (False) or reshard (True) populations."""
         return {self.base[key].target is not None} | ({False} if key in self.whole else set())
@@ -186,7 +195,7 @@ class OnDemand(Rounds):
         if any(r.get("outcome") == UNJUDGED for r in rows):
             # every group of the case's pools first: a pool's populations, and so the case's
             # tolerance, must not depend on which of its cases is judged first
-            pools = {self.pools.group_pool[k] for k in self.case_group.get(case.id, ())}
+            pools = self.pools_of(self.case_group.get(case.id, ()))
             for key in self.pools.keys(pools):
                 if key in self.groups and key not in self.done:  # (cached ones were taken)
                     self._measure(key, scheduler)

@@ -97,8 +97,8 @@ class Rounds:
                 rows, ("on demand", "calibrated")):
             return False
         failed = {c == "reshard" for _, c, _ in on_demand.failed_by(rows, ("on demand",))}
-        pools = {self.pools.group_pool[k] for k in self.case_group.get(case.id, ())
-                 if self.serves(k) & failed}
+        pools = self.pools_of([k for k in self.case_group.get(case.id, ())
+                               if self.serves(k) & failed])
         keys = [k for k in self.pools.keys(pools) if k not in self.pools.rounds2]
         self._run_second(keys, dict.fromkeys(keys, on_demand.SECOND_SEEDS), scheduler)
         return bool(keys)
