@@ -101,7 +101,7 @@ def markdown_table(path: Path = MEASURED) -> str:
     size, module; ``*`` pooled) the measured p99, factor and tolerance (max_abs / rel-L2)."""
     from harness import calibration
     from harness.calibration import tolerances
-    lines = ["| check / quantity | recipe | loss | population | n | measured p99 max-abs / rel-L2 "
+    lines = ["| check / quantity | recipe | loss | population | n | measured max-abs / rel-L2 "
              "| factor | tolerance max-abs / rel-L2 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in tolerances.table(measured=calibration.load(path)):
@@ -109,6 +109,6 @@ def markdown_table(path: Path = MEASURED) -> str:
             continue
         pop = tolerances.describe(tuple(r[c] for c in derive.POPULATION))
         lines.append(f"| {r['check']} {r['quantity']} | {r['recipe']} | {r['loss']} | {pop} | "
-                     f"{r['n']} | {r['p99_max_abs']:.2g} / {r['p99_rel_l2']:.2g} | "
+                     f"{r['n']} | {r['statistic']} {r['measured_max_abs']:.2g} / {r['measured_rel_l2']:.2g} | "
                      f"{r['factor']:g} | {r['max_abs']:.2g} / {r['rel_l2']:.2g} |")
     return "\n".join(lines)
