@@ -194,3 +194,47 @@ def test_what_the_review_found(tmp_path, monkeypatch):
     wide = dict(n=100, p99=5e-3, max=5.0, bound="max")
     assert rules.implausible(key, wide, packaged) is not None
     assert rules.implausible(key, dict(wide, bound="p99"), packaged) is None
+    # a first-round pool of TAIL_N samples takes its largest too: the guard judges that
+    unbound = {k: v for k, v in wide.items() if k != "bound"}
+    assert rules.implausible(key, unbound, packaged) is not None
+    assert rules.implausible(key, dict(unbound, n=99), packaged) is None
+
+
+def test_a_packaged_population_of_tail_n_samples_runs_no_packaged_round():
+    """A user's case failed by a packaged population of derive.TAIL_N samples or more: the
+    round's seeds 1-100 could not pass it (it holds as many, and bounds by its largest), so the
+    failure stands; a smaller package (or a failure without a named population) may run it."""
+    from harness.calibration.derive import TAIL_N
+    from harness.calibration.tolerances import samples_of, source_of
+    from harness.plugin.second_round import _extendable
+
+    def rows(n):
+        src = source_of(("te", "cuda", "gloo", "cfg", "8", "Linear"), n)
+        return [dict(phase="train", check="sharding_invariance", quantity="params", metric=m,
+                     tolerance_source=src) for m in ("max_abs", "rel_l2")]
+    failed = ("train", "sharding_invariance", "params")
+    assert samples_of(source_of(("a", "b"), 200)) == 200 and samples_of("bitwise") is None
+    assert not _extendable(rows(TAIL_N), failed) and not _extendable(rows(200), failed)
+    assert _extendable(rows(TAIL_N - 1), failed) and _extendable(rows(20), failed)
+    assert _extendable([], failed)
+
+
+def test_the_reason_names_why_a_tolerance_takes_the_largest_sample():
+    """p99 below TAIL_N samples; the largest from TAIL_N (a heavy tail's) or after a second
+    round, whatever its count (crashed seeds leave it under 100), saying which."""
+    from harness.calibration.derive import TAIL_N
+    from harness.calibration.tolerances import _tolerance, statistic
+    pop = ("te", "cuda", "gloo", "cfg", "8", "Linear")
+
+    def tol(**kw):
+        rows = {m: dict(n=kw.get("n", 20), p99=1e-5, max=1e-3, **({"bound": kw["bound"]}
+                        if "bound" in kw else {})) for m in ("max_abs", "rel_l2")}
+        return statistic(rows), _tolerance("fp32_parity", "params", "mse", pop, rows, None)
+    stat, t = tol()
+    assert stat == "p99" and t.rel_l2 == 2e-5 and "p99" in t.reason
+    stat, t = tol(n=TAIL_N)
+    assert stat == "max" and t.rel_l2 == 2e-3 and "heavy tail" in t.reason
+    stat, t = tol(n=97, bound="max")
+    assert stat == "max" and t.rel_l2 == 2e-3 and "second round" in t.reason
+    # the samples both metrics have count: one metric short of TAIL_N keeps the p99
+    assert statistic({"max_abs": dict(n=99), "rel_l2": dict(n=TAIL_N)}) == "p99"

@@ -6,7 +6,8 @@ module, each either a value or ``*`` (pooled over) -- as n, p99 and max. ``loss`
 modules' training loss (``catalog.TASK_LOSS``): ``mse`` for the single layers,
 ``cross_entropy`` for next-token models (LlamaStack), whose errors are measured apart.
 ``python -m harness calibrate`` regenerates the file (``harness/calibration/derive.py``);
-``harness/calibration/tolerances.py`` turns each p99 into a tolerance (times a stated factor).
+``harness/calibration/tolerances.py`` turns each p99 (the max of 100 samples or more) into a
+tolerance (times a stated factor).
 """
 
 from __future__ import annotations
@@ -43,6 +44,6 @@ def write(rows: list[dict], path: Path = MEASURED) -> None:
 
 
 def _short(v):
-    """A measurement as the file keeps it: 6 significant digits (a tolerance is 2x a p99 of a
-    handful of samples; more digits only make the file larger)."""
+    """A measurement as the file keeps it: 6 significant digits (a tolerance is 2x a p99 or a
+    max of a population; more digits only make the file larger)."""
     return f"{v:.6g}" if isinstance(v, float) else v

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
 def markdown_table(path: Path = MEASURED) -> str:
     """docs/tolerances.md's table: per population (backend / device / process groups, world
-    size, module; ``*`` pooled) the measured p99, factor and tolerance (max_abs / rel-L2)."""
+    size, module; ``*`` pooled) the measured statistic (p99, or max: ``tolerances.statistic``),
+    factor and tolerance (max_abs / rel-L2)."""
     from harness import calibration
     from harness.calibration import tolerances
     lines = ["| check / quantity | recipe | loss | population | n | measured max-abs / rel-L2 "

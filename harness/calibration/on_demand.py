@@ -32,7 +32,7 @@ import pandas as pd
 from harness.calibration import KEY, derive, twin
 from harness.calibration.derive import CALIBRATED, MIN_N
 from harness.calibration.tolerances import (FACTOR, FLOOR, UNJUDGED, MissingTolerance,
-                                          Population, lookup)
+                                          Population, lookup, statistic)
 from harness.spec import catalog
 
 SCENARIO = derive.ON_DEMAND  # the variants' scenario name prefix
@@ -153,8 +153,8 @@ def populations(rows: list[dict], bound: str = "p99") -> dict[tuple, dict]:
     """Measurements (``calibration.load``'s form) of the variants' history rows, at the finest
     level only -- (configuration, module, world size) -- since one group's variants measure one
     world: a pooled level made of them would stand for worlds it never ran. The variants were
-    judged unjudged or by their own packaged tolerance: both count as samples. ``bound``: the
-    statistic a tolerance takes of them ("max" after a second round: SECOND_N)."""
+    judged unjudged or by their own packaged tolerance: both count as samples. ``bound``: "max"
+    after a second round (SECOND_N; TAIL_N samples take it anyway: tolerances.statistic)."""
     if not rows:
         return {}
     df = pd.DataFrame(rows)
@@ -174,7 +174,7 @@ def implausible(key: tuple, row: dict, packaged: dict) -> str | None:
     p99 beyond PLAUSIBLE_X times the largest p99 of the same check, quantity, recipe, loss,
     backend, device and process groups at every packaged configuration."""
     head, kind = key[:4], key[4:7]
-    stat = row.get("bound", "p99")  # what its tolerance takes: p99, or max after a 2nd round
+    stat = statistic({"rel_l2": row})  # what its tolerance takes: p99, or max
     if key[-1] != "rel_l2" or key[0] not in GUARDED or row[stat] <= PLAUSIBLE_FLOOR:
         return None
     others = [v["p99"] for k, v in packaged.items()

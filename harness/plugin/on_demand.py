@@ -21,7 +21,7 @@ import json
 
 from harness import calibration
 from harness.calibration import on_demand
-from harness.calibration.tolerances import UNJUDGED
+from harness.calibration.tolerances import UNJUDGED, statistic
 from harness.launch.tasks import TaskResult
 from harness.plugin.second_round import Rounds, pool_of
 from harness.spec.matrix import reshard_target
@@ -49,7 +49,8 @@ class Pools:
         """Add a group's rows to its pool and derive the pool's populations anew (meshes of
         one world size measured by two groups make one population, not the last one's): what
         the grown pool refuses no longer judges, though its first group's was taken. A pool
-        with a group's second round bounds by its largest sample (``on_demand.SECOND_N``)."""
+        with a group's second round bounds by its largest sample (``on_demand.SECOND_N``), as
+        does one of TAIL_N samples (``tolerances.statistic``)."""
         pool = self.group_pool[key]
         self.group_rows.setdefault(key, []).extend(rows)
         # once each: groups that differ only by what they leave out run the same variants
@@ -83,7 +84,7 @@ def _training(row: dict):
 
 
 def _size(population: dict) -> tuple:
-    return population["n"], population[population.get("bound", "p99")]
+    return population["n"], population[statistic({"rel_l2": population})]
 
 
 class OnDemand(Rounds):

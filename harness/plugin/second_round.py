@@ -10,8 +10,9 @@ pass (``on_demand.second_round_may_pass``):
 * by a **packaged** population, in a scenario the package does not ship: the case's own
   configuration runs seeds 1-100 on demand and extends the package's bound -- only where its
   seeds 1-10 reproduce the package's p99 (``on_demand.reproduces``): a regression in the code
-  under test must not calibrate itself. The shipped scenarios are judged by the package as it
-  is (:meth:`Rounds._packaged_round`).
+  under test must not calibrate itself; a package of ``derive.TAIL_N`` samples or more holds
+  such a round already. The shipped scenarios are judged by the package as it is
+  (:meth:`Rounds._packaged_round`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 from harness.calibration import derive, on_demand
 from harness.calibration.derive import MIN_N, SCENARIO_DIR
-from harness.calibration.tolerances import FACTOR, UNJUDGED, Population
+from harness.calibration.tolerances import FACTOR, UNJUDGED, Population, samples_of
 from harness.checks.outcomes import COVERAGE, FAILED
 from harness.spec import catalog
 
@@ -110,7 +111,7 @@ class Rounds:
         if self.mode == "off" or case.scenario in shipped() or \
                 not on_demand.second_round_may_pass(rows, ("calibrated", "on demand")):
             return
-        failed = on_demand.failed_by(rows, ("calibrated",))
+        failed = [f for f in on_demand.failed_by(rows, ("calibrated",)) if _extendable(rows, f)]
         if not failed:
             return
         pg, _ = self.hs.env.placement(case)
@@ -176,3 +177,12 @@ def write_history(hs, rows: list[dict], key: str) -> None:
     out = hs.record.report_dir / "calibration_on_demand" / "history"
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(out / f"{hs.run_id}-{key}.parquet")
+
+
+def _extendable(rows: list[dict], failed: tuple) -> bool:
+    """Whether seeds 1-100 could extend the packaged population that failed ``failed`` (phase,
+    check, quantity): one of TAIL_N samples or more holds as many seeds already, and bounds by
+    its largest -- its failure stands (and what the round compares with is its p99)."""
+    n = next((samples_of(r.get("tolerance_source", "")) for r in rows if r.get("metric") ==
+              "rel_l2" and (r.get("phase", ""), r["check"], r["quantity"]) == failed), None)
+    return n is None or n < derive.TAIL_N

@@ -2,8 +2,8 @@
 
 A series whose value changes from run to run with the code unchanged (TE DelayedScaling under
 FSDP2 did until its builds started from fresh amax histories: docs/findings.md) cannot be judged point by point: its values spread over its whole
-tolerance band by construction (a calibrated tolerance is 2x the p99 of a population that
-holds that noise), so "grew 4x over the baseline median" and "crossed half the tolerance" fire
+tolerance band by construction (a calibrated tolerance is 2x the p99 or max of a population
+that holds that noise), so "grew 4x over the baseline median" and "crossed half the tolerance" fire
 on noise -- 49-89 of one recipe's series a run, in runs of one commit. What drifts there is the
 distribution: a new kernel or an extra rounding moves every series of the recipe's quantity at
 once. So:
