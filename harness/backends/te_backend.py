@@ -217,7 +217,8 @@ class TEBackend(TorchBackend):
         return te_global_state.isolated()
 
     def one_update_per_step(self, case):  # DelayedScaling's twin: once a step
-        return te_global_state.OneUpdatePerStep(defer=case.recipe in self.amax_group_twin)
+        held = self.twin_amax_group(case)
+        return te_global_state.OneUpdatePerStep() if held else super().one_update_per_step(case)
 
     def autocast(self, case, group=None):
         te, _, _ = _import()

@@ -45,18 +45,15 @@ class OneUpdatePerStep(contextlib.AbstractContextManager):
     autocast region ends (forward) and as its first module's backward ends (backward) wait for
     the step's last slice and then run once each -- from the amaxes every slice's casts maxed
     into the histories' first row, as the sharded run's all-reduce over its ranks makes them.
-    Run per slice they advanced the histories once per slice. ``defer=False``: nothing
-    waits (the other recipes)."""
+    Run per slice they advanced the histories once per slice."""
 
     NAME = "reduce_and_update_fp8_tensors"
 
-    def __init__(self, state_manager=None, defer: bool = True):
-        self.m, self.defer = state_manager, defer
+    def __init__(self, state_manager=None):
+        self.m = state_manager
         self.asked: list[bool] = []  # the directions (forward?) TE asked for, in order
 
     def __enter__(self):
-        if not self.defer:
-            return self
         self.m = self.m if self.m is not None else manager()
         self.saved = vars(self.m).get(self.NAME)  # the classmethod object itself
 
@@ -70,8 +67,6 @@ class OneUpdatePerStep(contextlib.AbstractContextManager):
         pass
 
     def __exit__(self, *exc) -> None:
-        if not self.defer:
-            return None
         if self.saved is None:
             delattr(self.m, self.NAME)
         else:

@@ -110,6 +110,7 @@ def markdown_table(path: Path = MEASURED) -> str:
             continue
         pop = tolerances.describe(tuple(r[c] for c in derive.POPULATION))
         lines.append(f"| {r['check']} {r['quantity']} | {r['recipe']} | {r['loss']} | {pop} | "
-                     f"{r['n']} | {r['statistic']} {r['measured_max_abs']:.2g} / {r['measured_rel_l2']:.2g} | "
+                     f"{r['n']} | {r['statistic']} {r['measured_max_abs']:.2g} / "
+                     f"{r['measured_rel_l2']:.2g} | "
                      f"{r['factor']:g} | {r['max_abs']:.2g} / {r['rel_l2']:.2g} |")
     return "\n".join(lines)

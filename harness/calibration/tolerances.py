@@ -223,7 +223,6 @@ def _tolerance(check, quantity, loss, pop, rows, train, how="calibrated") -> Tol
                        f"could never trip")
     r = rows["rel_l2"]
     seen = f"; max seen {rows['max_abs']['max']:.3g} / {r['max']:.3g}" if stat == "p99" else ""
-    r = rows["rel_l2"]
     what = "the p99 of the measured error" if stat == "p99" else \
         "the largest measured error (a second round of seeds after a failure)" \
         if r.get("bound") else f"the largest measured error (>= {TAIL_N} samples: a heavy tail's)"
@@ -243,12 +242,11 @@ def table(train=None, measured: dict | None = None) -> list[dict]:
         got, n = _both_metrics(m, key)
         if n < MIN_N:
             continue
-        t = _tolerance(head[0], head[1], head[3], pop, got, train)
+        t, stat = _tolerance(head[0], head[1], head[3], pop, got, train), statistic(got)
         rows.append(dict(zip(("check", "quantity", "recipe", "loss"), head),
-                         **dict(zip(POPULATION, pop)), factor=FACTOR,
-                         statistic=statistic(got),
-                         measured_max_abs=got["max_abs"][statistic(got)],
-                         measured_rel_l2=got["rel_l2"][statistic(got)],
+                         **dict(zip(POPULATION, pop)), factor=FACTOR, statistic=stat,
+                         measured_max_abs=got["max_abs"][stat],
+                         measured_rel_l2=got["rel_l2"][stat],
                          n=got["rel_l2"]["n"], **t.to_dict()))
     rows += [dict(check=c, quantity=q, recipe="*", loss="*", **BITWISE.to_dict())
              for c, q in sorted(_BITWISE_QUANTITIES)]
