@@ -101,8 +101,9 @@ def test_weights_that_never_move_fail_params(sized, recipe):
 @pytest.mark.parametrize("recipe", ["bf16", "current", "delayed", "block"])
 def test_te_distributed_only_bug_fails_sharding_invariance(sized, recipe):
     """Issue 33 point 8 on real TE: the reduced gradients rounded to bf16 fail the check against
-    the one-rank twin (TE-calibrated reduction-order tolerance) and pass fp32_parity's -- on
-    every recipe with a twin: DelayedScaling's whole-batch one, block's without FSDP."""
+    the one-rank twin and pass fp32_parity's -- on every recipe with a twin (two slices:
+    bitwise for bf16 / current / block, DelayedScaling's calibrated; block's twin without
+    FSDP); the clean case passes it."""
     results, _ = sized
     clean, res = results[(recipe, "none")], results[(recipe, "grads_bf16")]
     assert not _fails(clean, "sharding_invariance", "params")
