@@ -55,20 +55,24 @@ def _compare(case_id, value, tol, outcome, backend="torch", module="LayerNormMLP
 def test_today_s_tolerances_rejudge_numbers_only_comparisons():
     """--tolerances: a comparison judged by its numbers takes today's tolerance (here 2x a p99
     of 0.01 = 0.02); one that failed within its recorded tolerance (a shape mismatch, diverged
-    replicas) keeps its failure; no population -> fails."""
+    replicas) keeps its failure; no population -> fails, but a comparison judged bitwise keeps
+    its verdict (no population judges it)."""
     from harness.report import retolerance
     pop = ("torch", "cpu", "gloo", "C", "2", "LayerNormMLP")
     measured = {("fp32_parity", "params", "bf16", "mse") + pop + (m,): dict(n=10, p99=0.01,
                                                                          max=0.01)
                 for m in ("max_abs", "rel_l2")}
+    bitwise = [dict(r, check="sharding_invariance", tolerance=0.0, tolerance_source="bitwise")
+               for r in _compare("bitwise", 0.0, 0.0, "pass", module="Other", loss="mse")]
     rows = pd.DataFrame(_compare("tighter", 0.03, 0.07, "pass")
                         + _compare("wider", 0.015, 0.01, "fail")
                         + _compare("structural", 0.001, 0.07, "fail")
-                        + _compare("nowhere", 0.001, 0.07, "pass", module="Other", loss="mse"))
+                        + _compare("nowhere", 0.001, 0.07, "pass", module="Other", loss="mse")
+                        + bitwise)
     new, changed = retolerance.apply(rows, measured)
     got = new.groupby("case_id")["row_outcome"].agg(set).to_dict()
     assert got == {"tighter": {"fail"}, "wider": {"pass"}, "structural": {"fail"},
-                   "nowhere": {"fail"}}
+                   "nowhere": {"fail"}, "bitwise": {"pass"}}  # no population: bitwise stands
     assert changed == 3
     assert set(new.loc[new["case_id"] == "wider", "tolerance"]) == {0.02}
 

@@ -52,6 +52,8 @@ def apply(rows: pd.DataFrame, measured: dict | None = None) -> tuple[pd.DataFram
     pick = rows["metric"].isin(METRICS) & pd.Series(
         [(c, q) in derive.CALIBRATED for c, q in zip(rows["check"], rows["quantity"])],
         index=rows.index)
+    if "tolerance_source" in rows:  # judged bitwise (no population judges it): kept as is
+        pick &= rows["tolerance_source"].fillna("") != "bitwise"
     changed = 0
     keys = ["run_id", "case_id", "phase", "check", "quantity"]
     for _, g in rows[pick].groupby(keys, sort=False):
