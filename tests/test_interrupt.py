@@ -177,11 +177,15 @@ def test_sigkilled_pytest_takes_its_launch_down(tmp_path, scratch_tmp, rank_star
             launch = _mid_batch(reports)
             time.sleep(0.5)
             # a live run's own account of where it is: kill -USR1 -> its threads' stacks
-            os.kill(p.pid, signal.SIGUSR1)
+            # (again each second: a dump catches the main thread wherever it is at that
+            # instant, which may be between two of the scheduler's calls)
             stacks_file = launch.parent / "pytest-stacks.txt"
-            deadline = time.monotonic() + 10
+            deadline, sent = time.monotonic() + 10, 0.0
             while time.monotonic() < deadline and "scheduler.py" not in (
                     stacks_file.read_text() if stacks_file.exists() else ""):
+                if time.monotonic() - sent >= 1.0:
+                    os.kill(p.pid, signal.SIGUSR1)
+                    sent = time.monotonic()
                 time.sleep(0.1)
             stacks = stacks_file.read_text()
             assert "scheduler.py" in stacks and "launch.py" in stacks  # main thread, a lane
