@@ -268,6 +268,24 @@ def test_entries_whose_cases_were_deselected_are_not_stale(tmp_path, cases):
     assert [e.number for e in r.stale({"s"}, matrix=matrix)] == [2]
 
 
+def test_an_entry_of_another_device_is_neither_matched_nor_stale(tmp_path, cases):
+    """``device: cpu``: a failure measured on CPU only (the torch backend's bf16 LayerNormLinear
+    update norms; on a GPU its cases pass) -- a GPU run neither expects it nor calls it stale."""
+    r = reg(tmp_path, """\
+        entries:
+          - match: {scenario: s, device: cpu, recipe: bf16}
+            fails: {check: train}
+            reason: CPU only
+        """)
+    c = cases["bf16-dp2-LayerNormMLP-sync-none-all"]
+    assert r.match(c, "cuda", ENV) == []
+    gpu = [registry.coords(x, "cuda") for x in cases.values()]
+    assert r.stale({"s"}, matrix=gpu) == []
+    [e] = r.match(c, "cpu", ENV)
+    assert e.number == 1
+    assert r.stale({"s"}, matrix=[registry.coords(x, "cpu") for x in cases.values()]) == []
+
+
 def test_labels_name_the_registry_file_it_came_from(tmp_path, cases):
     """Issue 61: an XPASS of an entry of known.yaml was labeled "xfails.yaml"."""
     p = tmp_path / "known.yaml"

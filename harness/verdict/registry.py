@@ -287,12 +287,17 @@ class Registry:
         """Entries for the scenarios (and backend) this run ran cases of that matched none.
         ``matrix``: the coordinates of every case of those scenarios, selected or not; an
         entry that selects one of them is not stale -- its cases were deselected (``-k``,
-        ``-m``, ``--world-size``) or skipped here, not gone."""
+        ``-m``, ``--world-size``) or skipped here, not gone; an entry of another device than
+        the matrix's (``device: cpu`` on a GPU run) is not this run's to judge."""
         out = []
         for e in self.entries:
             pats = e.match.get("scenario", ["*"])
             backends = e.match.get("backend", ["*"])
             if backend is not None and not any(fnmatch.fnmatchcase(backend, b) for b in backends):
+                continue
+            devices = e.match.get("device", ["*"])  # another device's entry: not this run's
+            if matrix and not any(fnmatch.fnmatchcase(c["device"], d) for c in matrix
+                                  for d in devices):
                 continue
             if any(fnmatch.filter(scenarios, p) for p in pats) and not self.hits[e.number] \
                     and not any(e.selects(c) for c in matrix or ()):
