@@ -488,3 +488,45 @@ def test_the_current_twin_package_bounds_clean_seeds_it_failed(mesh_world, batch
     assert max_abs <= t.max_abs and rel_l2 <= t.rel_l2, t
     assert "n=200" in t.source, t.source
     assert tol("grads").rel_l2 < 1.66e-3 / 1000
+
+
+def test_a_packaged_history_derives_what_the_whole_history_derives(tmp_path):
+    """``calibrate --package``: a run's history slimmed to what the derivation reads
+    (``derive.packaged``) gives the same populations as the whole -- the cases a crash, a
+    registered failure, another check's failure or a shared train phase leaves out stay out
+    (keeping the samples alone would count them) -- and drops the rest: coverage rows of units
+    that ran, timings, step traces, repro lines."""
+    import pandas as pd
+
+    from harness.calibration import command, derive
+
+    def row(run, i, status="ok", check="fp32_parity", quantity="params", metric="rel_l2",
+            outcome="pass", value=0.01):
+        return dict(scenario="calibration", config="C", run_id=run, case_id=f"c{i}",
+                    phase="train", check=check, quantity=quantity, recipe="bf16", metric=metric,
+                    value=value, row_outcome=outcome, module="LlamaStack", backend="te",
+                    device="cuda", mesh="dp2", pg_backend="nccl", tolerance=1.0,
+                    case_status=status, repro=f"pytest -k c{i}", detail="d")
+    rows = [row("A", i, value=0.01 * (1 + i)) for i in range(14)]
+    rows += [row("A", 0, status="error")]  # crashed: c0 left out
+    rows += [row("A", 1, check="fp32_parity", quantity="*", metric="coverage",
+                 outcome="xfailed")]  # a registered failure: c1 left out
+    rows += [row("A", 2, check="dcp_roundtrip", quantity="state", metric="n_diff",
+                 outcome="fail", value=3.0)]  # another check failed: c2 left out
+    rows += [row("A", 3, check="train", quantity="shared_train_phase", metric="note",
+                 outcome="info", value=float("nan"))]  # c3 carries another case's training
+    rows += [row("A", i, check="fp32_parity", quantity="*", metric="coverage",
+                 outcome="passed", value=float("nan")) for i in range(4, 14)]
+    rows += [row("A", i, check="case", quantity="time", metric="seconds", outcome="info",
+                 value=1.0) for i in range(14)]
+    df = pd.DataFrame(rows)
+    slim = derive.packaged(df)
+    assert derive.measured(slim) == derive.measured(df)
+    assert [r["n"] for r in derive.measured(slim)] == [10, 10]  # c4-c13, module and pooled
+    assert len(slim) == 14 + 4 and "repro" not in slim and "detail" not in slim
+    naive = df[df["metric"].isin(derive.METRICS)]
+    assert derive.measured(naive) != derive.measured(df)  # what the other rows are kept for
+    (tmp_path / "run" / "history").mkdir(parents=True)
+    df.to_parquet(tmp_path / "run" / "history" / "r.parquet")
+    [out] = command.package(tmp_path / "run" / "history", tmp_path / "pkg")
+    assert derive.measured(pd.read_parquet(out)) == derive.measured(df)

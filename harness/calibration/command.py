@@ -2,6 +2,7 @@
 
     python -m harness calibrate --run            # run the calibration scenario on CPU first
     python -m harness calibrate --history DIR    # also read these histories (e.g. GPU runs)
+    python -m harness calibrate --package DIR --into reports/calibration/NAME  # then commit it
 
 It reads every history file of the ``calibration`` scenario in the given directories (default:
 ``reports/calibration/*/history`` -- committed calibration runs, CPU and GPU -- and
@@ -10,6 +11,9 @@ It reads every history file of the ``calibration`` scenario in the given directo
 (docs/tolerances.md) and
 the shipped cases left without a population (``coverage.py``).
 ``--run`` writes its runs to ``reports/calibration/cpu/`` (replacing what was there).
+``--package`` copies a run's calibration histories (a ``--report-dir``'s ``history``) into
+``<into>/history`` slimmed to what the derivation reads (``derive.packaged``), then derives as
+usual with them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="history directory to read (repeatable; default: reports/history and "
                         "reports/calibration/*/history; a run's on-demand variants: its "
                         "<report-dir>/calibration_on_demand/history)")
+    p.add_argument("--package", metavar="DIR",
+                   help="a history directory whose calibration runs join the package: written "
+                        "slimmed into --into DIR/history (what the derivation reads)")
+    p.add_argument("--into", metavar="DIR",
+                   help="with --package: the packaged run's directory (reports/calibration/NAME)")
     p.add_argument("--out", default=str(MEASURED), metavar="FILE",
                    help="where to write the measurements (default: the package's measured.csv)")
 
@@ -60,10 +69,30 @@ def _frames(dirs: list[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def package(src: Path, into: Path) -> list[Path]:
+    """Each calibration history file of ``src`` as ``into/history/<name>``, slimmed."""
+    (into / "history").mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in sorted(src.glob("*.parquet")):
+        df = pd.read_parquet(f)
+        if "scenario" in df and any(map(derive.is_calibration, df["scenario"])):
+            out.append(into / "history" / f.name)
+            derive.packaged(df).to_parquet(out[-1], compression="zstd", index=False)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in (args.history or [])]
     if not args.history:
         dirs = [*sorted(Path("reports/calibration").glob("*/history")), Path("reports/history")]
+    if args.package:
+        if not args.into:
+            print("--package needs --into reports/calibration/NAME", file=sys.stderr)
+            return 2
+        for f in package(Path(args.package), Path(args.into)):
+            print(f"packaged {f} ({f.stat().st_size} bytes)")
+        if Path(args.into) / "history" not in dirs:
+            dirs.append(Path(args.into) / "history")
     if args.run:
         out = Path("reports/calibration/cpu")
         shutil.rmtree(out, ignore_errors=True)

@@ -189,6 +189,25 @@ def is_calibration(scenario) -> bool:
     return scenario in SCENARIOS or str(scenario).startswith(ON_DEMAND + "@")
 
 
+BROKEN_STATUS = ("error", "timeout", "crash")  # a unit that raised, a launch that crashed
+UNREAD_COLUMNS = ("repro", "duration_s", "detail")  # what ``measured`` never reads
+
+
+def packaged(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a calibration history that ``measured`` reads, and only its columns -- what
+    a run's history is slimmed to before it joins ``reports/calibration/`` (``python -m harness
+    calibrate --package``): the samples (max_abs / rel_l2), the coverage rows of units left out
+    (xfailed, not run), any other failure, the rows of crashed cases and the notes that name a
+    shared train phase. ``measured`` gives the same from it as from the whole history."""
+    df = df[[is_calibration(s) for s in df["scenario"]]]
+    status = df["case_status"] if "case_status" in df else pd.Series("", index=df.index)
+    keep = df["metric"].isin(METRICS) | status.isin(BROKEN_STATUS) \
+        | ((df["metric"] == "coverage") & df["row_outcome"].isin(["xfailed", "not_run"])) \
+        | ((df["metric"] != "coverage") & (df["row_outcome"] == "fail")) \
+        | ((df["quantity"] == catalog.SHARED_TRAIN_PHASE) & (df["metric"] == "note"))
+    return df[keep].drop(columns=[c for c in UNREAD_COLUMNS if c in df]).reset_index(drop=True)
+
+
 def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
     df = df[[is_calibration(s) for s in df["scenario"]]]
     # a case's run left out, or one of its checks, is left out in that run only: a case that
@@ -200,7 +219,7 @@ def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
     broken = {rc for rc, c, q in zip(run_cases(failed), failed["check"], failed["quantity"])
               if (c, q) not in CALIBRATED}
     if "case_status" in df:  # a unit that raised, a launch that crashed or timed out
-        broken |= set(run_cases(df[df["case_status"].isin(["error", "timeout", "crash"])]))
+        broken |= set(run_cases(df[df["case_status"].isin(BROKEN_STATUS)]))
     rows = df[df["metric"].isin(METRICS) & df["row_outcome"].isin(["pass", "fail", UNJUDGED])]
     rows = rows[~carried(rows, df) & ~superseded(rows)]  # one sample per training
     keep = [(c, q) in CALIBRATED and (rc, c) not in excluded and rc not in broken
