@@ -55,17 +55,20 @@ def _run_scenario(report_dir: Path) -> None:
             subprocess.run(argv, check=False, timeout=3600)
 
 
+def _histories(d: Path):
+    """(file, rows) of each history file in ``d`` that holds calibration runs."""
+    for f in sorted(Path(d).glob("*.parquet")):
+        try:
+            df = pd.read_parquet(f)
+        except Exception as e:  # noqa: BLE001 - a broken file is skipped with a reason
+            print(f"skipped {f}: {e}", file=sys.stderr)
+            continue
+        if "scenario" in df and any(map(derive.is_calibration, df["scenario"])):
+            yield f, df
+
+
 def _frames(dirs: list[Path]) -> pd.DataFrame:
-    frames = []
-    for d in dirs:
-        for f in sorted(Path(d).glob("*.parquet")):
-            try:
-                df = pd.read_parquet(f)
-            except Exception as e:  # noqa: BLE001 - a broken file is skipped with a reason
-                print(f"skipped {f}: {e}", file=sys.stderr)
-                continue
-            if "scenario" in df and any(map(derive.is_calibration, df["scenario"])):
-                frames.append(df)
+    frames = [df for d in dirs for _, df in _histories(d)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -73,11 +76,9 @@ def package(src: Path, into: Path) -> list[Path]:
     """Each calibration history file of ``src`` as ``into/history/<name>``, slimmed."""
     (into / "history").mkdir(parents=True, exist_ok=True)
     out = []
-    for f in sorted(src.glob("*.parquet")):
-        df = pd.read_parquet(f)
-        if "scenario" in df and any(map(derive.is_calibration, df["scenario"])):
-            out.append(into / "history" / f.name)
-            derive.packaged(df).to_parquet(out[-1], compression="zstd", index=False)
+    for f, df in _histories(src):
+        out.append(into / "history" / f.name)
+        derive.packaged(df).to_parquet(out[-1], compression="zstd", index=False)
     return out
 
 

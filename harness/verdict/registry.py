@@ -31,28 +31,28 @@ xfail ledger shows next to the reason.
 ``catalog.PRODUCERS``) or ``case`` (a timeout / crash); a check's ``quantity`` is one it reports
 (``catalog.CHECK_QUANTITIES``); ``message`` is a regex that cannot backtrack for long
 (``regex_guard``: checked at load, every search time-limited). Semantics are exact
-(``harness/verdict/judge.py``): an entry explains only the failures it names; any other failure of
-the case fails it, naming the entry and what is unexplained. Several entries may apply to one case
-when they name different checks, different quantities of one check, or one check with different
-messages (two that would explain the same failing row are an error). Strictness: every strict
-failure must happen as named -- a named quantity (or message) of a check that ran and did not fail
-that way, or a case that passed, is an XPASS failure ("remove it from entry N"). A failure marked
-``strict: false`` explains a row when it happens and is not required to: for a symptom that depends
-on the values (e.g. whether a re-quantization rounds back to the same scale, which differs between
-CPUs whose matmuls round differently); the entry's reason must say so, and every entry must name at
-least one strict failure.
+(``harness/verdict/judge.py``): an entry explains only the failures it names; any other failure
+of the case fails it, naming the entry and what is unexplained. Several entries may apply to one
+case when they name different checks, different quantities of one check, or one check with
+different messages (two that would explain the same failing row are an error). Strictness:
+every strict failure must happen as named -- a named quantity (or message) of a check that ran
+and did not fail that way, or a case that passed, is an XPASS failure ("remove it from entry N").
+A failure marked ``strict: false`` explains a row when it happens and is not required to: for a
+symptom that depends on the values (e.g. whether a re-quantization rounds back to the same
+scale, which differs between CPUs whose matmuls round differently); the entry's reason must say
+so, and every entry must name at least one strict failure.
 Sizes: ``up_to: {metric: X}`` (metrics ``max_abs``, ``rel_l2``, ``n_diff`` of a comparison)
-explains a failing comparison only while each named metric is <= X -- a known failure whose size
-was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"), nor can a failure
-that did not measure the metric (an error, a toleranced comparison's n_diff); set X from
-measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it only when
-each is > X, and a strict one must happen that large: a second bug on top of a known failure of the
-same quantity. Two failures with disjoint sizes do not overlap.
-``evidence`` names recorded runs the entry's measurements come from as ``<commit>:<path>`` (``git
-show`` reaches each; tests/test_registry_evidence.py resolves every one).
+explains a failing comparison only while each named metric is <= X -- a known failure whose
+size was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"), nor
+can a failure that did not measure the metric (an error, a toleranced comparison's n_diff); set X
+from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
+only when each is > X, and a strict one must happen that large: a second bug on top of a known
+failure of the same quantity. Two failures with disjoint sizes do not overlap.
+``evidence`` names recorded runs the entry's measurements come from as ``<commit>:<path>``
+(``git show`` reaches each; tests/test_registry_evidence.py resolves every one).
 ``scenario: "@user"`` selects every scenario no entry names (a user's own): entries for the
-library's defects list it, workarounds included. An entry applies only where a unit one of its
-strict failures names runs (a case without DCP checks never loads).
+library's defects list it, workarounds included. An entry applies only where a unit one of
+its strict failures names runs (a case without DCP checks never loads).
 Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
 recipe the GPU cannot run) are skips decided by the backend, never entries here.
 """
