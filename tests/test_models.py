@@ -317,6 +317,15 @@ def test_bounded_probe_passes_a_good_factory_and_reports_a_bad_one(tmp_path, fac
         model_check.probe_bounded(bad.model_ref, bad, "torch", "cpu", needs_tp=False)
 
 
+def test_a_cuda_probe_starts_a_fresh_interpreter():
+    """A child forked after the parent counted the GPUs cannot use CUDA ("Cannot re-initialize
+    CUDA in forked subprocess": the example my_model on a GPU was a usage error at collection);
+    a CUDA probe spawns, a CPU probe forks while this process holds no CUDA context."""
+    assert model_check._context("cuda").get_start_method() == "spawn"
+    assert model_check._context("cuda:0").get_start_method() == "spawn"
+    assert model_check._context("cpu").get_start_method() == "fork"
+
+
 PARALLEL = '''
 import torch
 from byo_factories import build as plain

@@ -51,17 +51,74 @@ RANK = textwrap.dedent("""\
     (want_h * up).sum().backward()
     assert torch.equal(h, want_h), (h - want_h).abs().max()
     assert torch.equal(emb.grad.to_local(), ref.grad[5 * rank:5 * rank + 5])
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from harness.distributed.tp_output import ColwiseGathered
+    runs = []
+    for style in (ColwiseParallel(output_layouts=Replicate()), ColwiseGathered()):
+        torch.manual_seed(7)  # the same whole weights and input on both ranks, both styles
+        lin = torch.nn.Linear(4, 10)
+        parallelize_module(lin, mesh, style)
+        inp = torch.randn(3, 2, 4, requires_grad=True)
+        out = lin(inp)
+        (out * w[:, :2, :]).sum().backward()
+        runs.append((out.detach(), inp.grad, lin.weight.grad.to_local(), lin.bias.grad.to_local()))
+    assert type(runs[0][0]) is torch.Tensor and runs[0][0].shape == (3, 2, 10)
+    for a, b in zip(*runs):  # the same whole output, input gradient and local weight gradients
+        assert torch.equal(a, b), (a - b).abs().max()
     print("ok", flush=True)
     os._exit(0)
     """)
 
 
-def test_gather_last_dim_and_vocab_sharded_embedding_match_whole_tensors(tmp_path):
+def test_gather_last_dim_vocab_sharded_embedding_and_colwise_gathered_match_dtensor(tmp_path):
     store = str(tmp_path / "store")
     done = run_all([[sys.executable, "-c", RANK, str(r), store] for r in range(2)], timeout=120,
                    cwd=ROOT, env=harness_env())
     assert [rc for rc, _ in done] == [0, 0], done
     assert all(out.strip().endswith("ok") for _, out in done), done
+
+
+def test_c10d_gathered_replaces_only_colwise_styles_that_gather_their_output():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from harness.distributed.tp_output import ColwiseGathered, c10d_gathered
+    got = c10d_gathered(ColwiseParallel(input_layouts=Shard(0), output_layouts=Replicate(),
+                                        use_local_output=False))
+    assert type(got) is ColwiseGathered
+    assert got.input_layouts == (Shard(0),) and got.use_local_output is False
+    for keep in (ColwiseParallel(), RowwiseParallel(), RowwiseParallel(output_layouts=Replicate()),
+                 ColwiseParallel(output_layouts=Shard(1))):
+        assert c10d_gathered(keep) is keep
+
+
+class _Mesh:
+    def __init__(self, device_type):
+        self.device_type = device_type
+
+    def get_group(self):
+        return "group"
+
+
+def test_apply_tp_gathers_with_c10d_only_over_gloo_on_cuda(monkeypatch):
+    """The segfault this avoids needs a GPU (tests/gpu/test_torch_shared_tp_cuda.py runs it); here,
+    which process groups and devices get the c10d gather, and that the plan is otherwise kept."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from harness.distributed import parallel
+    from harness.distributed.tp_output import ColwiseGathered
+    seen = []
+    monkeypatch.setattr(parallel, "parallelize_module", lambda m, mesh, plan: seen.append(plan))
+    row = RowwiseParallel()
+    for device, backend, gathered in (("cuda", "gloo", True), ("cuda", "nccl", False),
+                                      ("cpu", "gloo", False)):
+        monkeypatch.setattr(parallel.dist, "get_backend", lambda g, b=backend: b)
+        parallel.apply_tp(None, _Mesh(device),
+                          {"proj": ColwiseParallel(output_layouts=Replicate()), "out": row})
+        assert (type(seen[-1]["proj"]) is ColwiseGathered) is gathered, (device, backend)
+        assert seen[-1]["out"] is row
+    parallel.apply_tp(None, _Mesh("cuda"), ColwiseParallel(output_layouts=Replicate()))
+    assert type(seen[-1]) is ColwiseGathered  # a single style (gloo, the last backend set)
 
 
 class _Piece:

@@ -152,12 +152,10 @@ class TEBackend(TorchBackend):
             model = self.make(case, "meta", mesh, mesh_spec, seed)
         ties = parallel.tied_groups(model)
         if case.model_ref is not None and mesh_spec.tp > 1:  # the factory's plain layers
-            from torch.distributed.tensor.parallel import parallelize_module
-
             from harness.spec import models
             from harness.spec.mesh import TP
             ctx = models.context(case, self.name, seed, "meta", mesh, mesh_spec)
-            parallelize_module(model, mesh[TP], models.tp_plan(case.model_ref, model, ctx))
+            parallel.apply_tp(model, mesh[TP], models.tp_plan(case.model_ref, model, ctx))
             parallel.retie(model, ties)
         if fsdp:
             parallel.shard(model, mesh, mesh_spec, case.recipe, units=_fsdp_units(model, case),

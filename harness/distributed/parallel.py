@@ -79,9 +79,21 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, spec: MeshSpec, recipe: str,
     of a tied parameter would become a second DTensor; it is re-tied to the first."""
     if spec.tp > 1:
         ties = tied_groups(model)
-        parallelize_module(model, mesh[TP], plan if plan is not None else model.tp_plan())
+        apply_tp(model, mesh[TP], plan if plan is not None else model.tp_plan())
         retie(model, ties)
     return shard(model, mesh, spec, recipe, reduce_dtype=reduce_dtype)
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan) -> None:
+    """``parallelize_module(model, tp_mesh, plan)``. Over a gloo group on CUDA tensors (ranks
+    sharing a GPU: the harness's choice, never a user's) each ColwiseParallel that gathers its
+    output gathers it with c10d (``tp_output.c10d_gathered``): DTensor's own gather segfaults
+    there (torch 2.11, every rank, in the first forward). Elsewhere the plan runs as it is."""
+    from harness.distributed.tp_output import c10d_gathered
+    if tp_mesh.device_type == "cuda" and dist.get_backend(tp_mesh.get_group()) == "gloo":
+        plan = ({k: c10d_gathered(s) for k, s in plan.items()} if isinstance(plan, dict)
+                else c10d_gathered(plan))
+    parallelize_module(model, tp_mesh, plan)
 
 
 def tied_groups(model: nn.Module) -> list[tuple[str, ...]]:

@@ -6,12 +6,15 @@ DTensor's Replicate -> Shard does), but through ``dist.all_gather`` on the group
 the functional collectives: over a gloo group on CUDA tensors -- ranks sharing a GPU -- the
 functional all_gather_tensor segfaults inside AsyncCollectiveTensor (torch 2.11), where c10d
 works. The collective is bounded by the process group's timeout like every other.
+``ColwiseGathered`` is ``ColwiseParallel(output_layouts=Replicate())`` gathering that way.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel
 
 
 class _GatherLastDim(torch.autograd.Function):
@@ -32,6 +35,31 @@ class _GatherLastDim(torch.autograd.Function):
 def gather_last_dim(t: torch.Tensor, group) -> torch.Tensor:
     """``t``'s TP shards (equal sizes along the last dim) concatenated in rank order."""
     return _GatherLastDim.apply(t, group)
+
+
+class ColwiseGathered(ColwiseParallel):
+    """``ColwiseParallel(output_layouts=Replicate())`` -- the same shards, the same whole output,
+    forward and backward -- with the output's Shard(-1) -> Replicate step done by
+    ``gather_last_dim`` (c10d) instead of DTensor's redistribute (a functional all-gather)."""
+
+    def __init__(self, *, input_layouts=None, use_local_output: bool = True):
+        super().__init__(input_layouts=input_layouts, use_local_output=use_local_output)
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        whole = gather_last_dim(outputs.to_local(), device_mesh.get_group())
+        if use_local_output:
+            return whole
+        return DTensor.from_local(whole, device_mesh, [Replicate()], run_check=False)
+
+
+def c10d_gathered(style):
+    """``style`` with its output gathered by c10d where it is a ColwiseParallel that gathers
+    its output (``output_layouts=Replicate()``); any other style as it is."""
+    if type(style) is ColwiseParallel and tuple(style.output_layouts) == (Replicate(),):
+        return ColwiseGathered(input_layouts=style.input_layouts[0],
+                               use_local_output=style.use_local_output)
+    return style
 
 
 class _SumOverGroup(torch.autograd.Function):

@@ -2,8 +2,9 @@
 imported, built as the reference and run once on its task's batch, so a broken factory is a
 one-line usage error naming the scenario file, not a failure deep in a worker.
 
-The check runs in a child process (forked where this process holds no CUDA context, else a
-fresh interpreter; a forked child computes on one thread, as DataLoader's workers do: the
+The check runs in a child process (forked for a CPU probe where this process holds no CUDA
+context, else a fresh interpreter: a child forked after this process so much as counted the
+GPUs cannot use CUDA -- torch's fork poisoning; a forked child computes on one thread, as DataLoader's workers do: the
 OpenMP team its parent used does not fork with it, and a parallel region would wait for it for
 good) that the run waits for at most ``PROBE_TIMEOUT_S``: a factory, TP plan or forward that
 blocks is killed and named, and one that ends its process (``os._exit``,
@@ -73,17 +74,19 @@ def _child(conn, ref, case, backend: str, device: str, needs_tp: bool) -> None:
         conn.send(f"factory {ref.factory}: {_one_line(e)}")
 
 
-def _context():
+def _context(device: str):
+    """Where the probe's child starts: a fresh interpreter when it computes on CUDA or this
+    process holds a CUDA context; else forked (faster)."""
     import torch
     cuda_up = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return multiprocessing.get_context("spawn" if cuda_up else "fork")
+    return multiprocessing.get_context("spawn" if cuda_up or device != "cpu" else "fork")
 
 
 def probe_bounded(ref: ModelRef, case, backend: str, device: str, needs_tp: bool,
                   timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """:func:`probe` in a child process, waited for at most ``timeout_s``. ModelError when it
     reports a problem, does not return in time (killed) or ends without a word."""
-    ctx = _context()
+    ctx = _context(device)
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, ref, case, backend, device, needs_tp),
                        daemon=True, name=f"model-check {ref.name}")

@@ -34,16 +34,16 @@ def require_te():
 
 @pytest.fixture(scope="session")
 def run_te_matrix(tmp_path_factory):
-    """``run_te_matrix(name, cases, *options, timeout_s, scenario)``: ``pytest --scenario
-    SCENARIO --backend te`` (default fsdp2_tp_dcp) on ``cases`` (ids inside the brackets, exact:
+    """``run_te_matrix(name, cases, *options, timeout_s, scenario, backend)``: ``pytest --scenario
+    SCENARIO --backend BACKEND`` (default fsdp2_tp_dcp, te) on ``cases`` (ids inside the brackets, exact:
     a -k substring took seed 10 with seed 1) with
     ``options``; (the finished process, its summary.csv, its history) -- the frames None where
     the run wrote none."""
     def run(name: str, cases: list[str], *options: str, timeout_s: float,
-            scenario: str = "fsdp2_tp_dcp"):
+            scenario: str = "fsdp2_tp_dcp", backend: str = "te"):
         out = tmp_path_factory.mktemp(name)
         cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p",
-               "no:cacheprovider", "--scenario", scenario, "--backend", "te", *options,
+               "no:cacheprovider", "--scenario", scenario, "--backend", backend, *options,
                *(f"scenarios/{scenario}.yaml::{scenario}[{c}]" for c in cases),
                "--report-dir", str(out)]
         env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
