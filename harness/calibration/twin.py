@@ -4,16 +4,17 @@ The twin (``distributed/single.py``) runs the case's backend, recipe, module, se
 steps without data parallelism -- on one rank, or under tensor parallelism on the TP ranks of
 the first data-parallel slice with the case's own TP split -- each data-parallel slice as a
 micro-batch; what is left to differ from the sharded run is the order of the data-parallel
-gradient reduction. Over two slices that is ``a + b`` either way: measured bit-exact on CPU
-for the torch and reference backends, every recipe (fp32, bf16, current, delayed, block,
-mxfp8, nvfp4; dp2 and hsdp2x1, with and without TP; LayerNormMLP, TransformerLayer), and on a
-GPU for TE's bf16, Float8CurrentScaling and Float8BlockScaling (every two-slice case of the
-shipped TE scenarios, NCCL and shared gloo, dp2xtp2 included) -- there the check is bitwise.
+gradient reduction. Over two slices that is ``a + b`` either way: measured bit-exact for the
+torch and reference backends, every recipe (fp32, bf16, current, delayed, block, mxfp8, nvfp4),
+on CPU (dp2 and hsdp2x1, with and without TP; LayerNormMLP, TransformerLayer) and on a GPU
+(every two-slice case of fsdp2_tp_dcp and llama_stack: dp2 over NCCL and shared gloo, dp2xtp2),
+and on a GPU for TE's bf16, Float8CurrentScaling and Float8BlockScaling (every two-slice case of
+the shipped TE scenarios, NCCL and shared gloo, dp2xtp2 included) -- there the check is bitwise.
 Everywhere else it takes a tolerance calibrated from the measured
 reduction-order noise of its population (``scenarios/calibration_invariance.yaml``, or on
 demand), like fp32_parity's -- orders of magnitude under the FP32 reference's, which must
-absorb the recipe's whole quantization error: 4 / 8 slices; the torch and reference backends
-on a GPU and TE's MXFP8 / NVFP4 (not measured); TE's DelayedScaling, whose weight when not
+absorb the recipe's whole quantization error: 4 / 8 slices; TE's MXFP8 / NVFP4 (not
+measured); TE's DelayedScaling, whose weight when not
 stored quantized (a model built outside ``quantized_model_init``) is quantized again in the
 backward with the scale the sharded run has updated by then and the twin not yet.
 The twin keeps TP because a one-rank twin is not the same computation under TP: each TP rank
@@ -27,8 +28,8 @@ CHECK = "sharding_invariance"
 SCENARIO = "calibration_invariance"  # where its tolerances are measured
 QUANTITIES = ("loss", "grads", "params", "stored_params")
 # (backend, device, recipes) where two slices are bit-exact (measured); None: every recipe
-BITWISE_ON = (("torch", "cpu", None), ("reference", "cpu", None),
-              ("te", "cuda", ("bf16", "current", "block")))
+BITWISE_ON = (("torch", "cpu", None), ("reference", "cpu", None), ("torch", "cuda", None),
+              ("reference", "cuda", None), ("te", "cuda", ("bf16", "current", "block")))
 BLOCK_FORMATS = ("block", "mxfp8", "nvfp4")
 
 
