@@ -34,7 +34,11 @@ def test_nightly_workflow_shards_every_te_world_size():
     assert "ci/night_check.py --min-checked ${{ matrix.min_checked }}" in run
     assert "|| true" not in (ROOT / "ci" / "nightly-gpu.yml").read_text()
     # pytest's cache outlives the checkout: task seconds and on-demand populations persist
-    assert "no:cacheprovider" not in run and run.count("python -m pytest $PYTEST_CACHE ") == 2
+    assert "no:cacheprovider" not in run and run.count("python -m pytest $PYTEST_CACHE ") == 3
+    # plain torch on a GPU too (its TP crashed on shared GPUs with no night to see it), judged
+    # by the same night check: its junit files match the night's glob
+    assert "--backend torch --device cuda ${{ matrix.select }}" in run
+    assert "reports/junit-torch-$s-${{ matrix.world }}.xml" in run
     assert gpu["env"]["PYTEST_CACHE"].startswith("-o cache_dir=${{ github.workspace }}/../")
     assert gpu["env"]["PYTEST_CACHE"].endswith("/${{ matrix.world }}")
     report = "\n".join(step.get("run", "") for step in wf["jobs"]["report"]["steps"])
