@@ -54,18 +54,24 @@ RANK = textwrap.dedent("""\
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
     from harness.distributed.tp_output import ColwiseGathered
-    runs = []
-    for style in (ColwiseParallel(output_layouts=Replicate()), ColwiseGathered()):
-        torch.manual_seed(7)  # the same whole weights and input on both ranks, both styles
-        lin = torch.nn.Linear(4, 10)
-        parallelize_module(lin, mesh, style)
-        inp = torch.randn(3, 2, 4, requires_grad=True)
-        out = lin(inp)
-        (out * w[:, :2, :]).sum().backward()
-        runs.append((out.detach(), inp.grad, lin.weight.grad.to_local(), lin.bias.grad.to_local()))
-    assert type(runs[0][0]) is torch.Tensor and runs[0][0].shape == (3, 2, 10)
-    for a, b in zip(*runs):  # the same whole output, input gradient and local weight gradients
-        assert torch.equal(a, b), (a - b).abs().max()
+    for local in (True, False):  # the output as a plain tensor, or as a Replicate DTensor
+        runs = []
+        for style in (ColwiseParallel(output_layouts=Replicate(), use_local_output=local),
+                      ColwiseGathered(use_local_output=local)):
+            torch.manual_seed(7)  # the same whole weights and input on both ranks, both styles
+            lin = torch.nn.Linear(4, 10)
+            parallelize_module(lin, mesh, style)
+            inp = torch.randn(3, 2, 4, requires_grad=True)
+            out = lin(inp)
+            if not local:
+                assert isinstance(out, DTensor) and out.placements == (Replicate(),)
+                out = out.to_local()
+            (out * w[:, :2, :]).sum().backward()
+            runs.append((out.detach(), inp.grad, lin.weight.grad.to_local(),
+                         lin.bias.grad.to_local()))
+        assert type(runs[0][0]) is torch.Tensor and runs[0][0].shape == (3, 2, 10)
+        for a, b in zip(*runs):  # the same whole output, input and local weight gradients
+            assert torch.equal(a, b), (a - b).abs().max()
     print("ok", flush=True)
     os._exit(0)
     """)

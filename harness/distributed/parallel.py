@@ -88,7 +88,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan) -> None:
     """``parallelize_module(model, tp_mesh, plan)``. Over a gloo group on CUDA tensors (ranks
     sharing a GPU: the harness's choice, never a user's) each ColwiseParallel that gathers its
     output gathers it with c10d (``tp_output.c10d_gathered``): DTensor's own gather segfaults
-    there (torch 2.11, every rank, in the first forward). Elsewhere the plan runs as it is."""
+    there (torch 2.11: every rank, in training). Elsewhere the plan runs as it is."""
     from harness.distributed.tp_output import c10d_gathered
     if tp_mesh.device_type == "cuda" and dist.get_backend(tp_mesh.get_group()) == "gloo":
         plan = ({k: c10d_gathered(s) for k, s in plan.items()} if isinstance(plan, dict)
