@@ -10,13 +10,13 @@ on CPU (dp2 and hsdp2x1, with and without TP; LayerNormMLP, TransformerLayer) an
 (every two-slice case of fsdp2_tp_dcp and llama_stack: dp2 over NCCL and shared gloo, dp2xtp2),
 and on a GPU for TE's bf16, Float8CurrentScaling and Float8BlockScaling (every two-slice case of
 the shipped TE scenarios, NCCL and shared gloo, dp2xtp2 included) -- there the check is bitwise.
-Everywhere else it takes a tolerance calibrated from the measured
-reduction-order noise of its population (``scenarios/calibration_invariance.yaml``, or on
-demand), like fp32_parity's -- orders of magnitude under the FP32 reference's, which must
-absorb the recipe's whole quantization error: 4 / 8 slices; TE's MXFP8 / NVFP4 (not
-measured); TE's DelayedScaling, whose weight when not
-stored quantized (a model built outside ``quantized_model_init``) is quantized again in the
-backward with the scale the sharded run has updated by then and the twin not yet.
+Everywhere else it takes a tolerance calibrated from the measured reduction-order noise of its
+population (``scenarios/calibration_invariance.yaml``, or on demand), like fp32_parity's --
+orders of magnitude under the FP32 reference's, which must absorb the recipe's whole
+quantization error: 4 / 8 slices; TE's MXFP8 / NVFP4 (not measured); TE's DelayedScaling,
+whose weight when not stored quantized (a model built outside ``quantized_model_init``) is
+quantized again in the backward with the scale the sharded run has updated by then and the
+twin not yet.
 The twin keeps TP because a one-rank twin is not the same computation under TP: each TP rank
 rounds its row-parallel partial output (bf16) or scales its input shard from the shard's own
 amax (current, nvfp4) before the ranks sum them.

@@ -9,10 +9,10 @@ rank, each data-parallel slice run as a micro-batch: it quantizes every operand 
 and differs only by the order of the reductions. DelayedScaling's amax histories advance once
 per step, from the max over the slices, as the sharded run's all-reduce makes them (the
 backend's ``one_update_per_step``; updated per micro-batch instead the twin's params differ by
-rel-L2 0.085). Bitwise where that was measured bit-exact (two slices: on CPU every recipe, on
-a GPU TE's bf16 / current / block), else a tolerance calibrated from the measured
-reduction-order noise of the case's population (``calibration/twin.py`` holds the rule and the
-cases no twin can stand for).
+rel-L2 0.085). Bitwise where that was measured bit-exact, else a tolerance calibrated from the
+measured reduction-order noise of the case's population (``calibration/twin.py`` holds the
+rule -- which two-slice backends, devices and recipes are bitwise -- and the cases no twin can
+stand for).
 """
 
 from __future__ import annotations

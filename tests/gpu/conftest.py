@@ -1,5 +1,5 @@
-"""What the GPU tests share: skipping where TE cannot run here, and the TE matrix run as a user
-would (pytest with the plugin, in a subprocess)."""
+"""What the GPU tests share: skipping where TE cannot run here, and a scenario's cases run as a
+user would (pytest with the plugin, in a subprocess; TE unless another backend is named)."""
 
 import os
 import subprocess
@@ -33,12 +33,11 @@ def require_te():
 
 
 @pytest.fixture(scope="session")
-def run_te_matrix(tmp_path_factory):
-    """``run_te_matrix(name, cases, *options, timeout_s, scenario, backend)``: ``pytest --scenario
-    SCENARIO --backend BACKEND`` (default fsdp2_tp_dcp, te) on ``cases`` (ids inside the brackets, exact:
-    a -k substring took seed 10 with seed 1) with
-    ``options``; (the finished process, its summary.csv, its history) -- the frames None where
-    the run wrote none."""
+def run_matrix(tmp_path_factory):
+    """``run_matrix(name, cases, *options, timeout_s, scenario, backend)``: ``pytest --scenario
+    SCENARIO --backend BACKEND`` (default fsdp2_tp_dcp, te) on ``cases`` (ids inside the
+    brackets, exact: a -k substring took seed 10 with seed 1) with ``options``; (the finished
+    process, its summary.csv, its history) -- the frames None where the run wrote none."""
     def run(name: str, cases: list[str], *options: str, timeout_s: float,
             scenario: str = "fsdp2_tp_dcp", backend: str = "te"):
         out = tmp_path_factory.mktemp(name)

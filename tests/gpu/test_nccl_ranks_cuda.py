@@ -15,9 +15,9 @@ CASES = ["bf16-dp2-Linear-sync-none", "current-dp2-LayerNormMLP-async_thread-non
 
 
 @pytest.fixture(scope="module")
-def nccl_run(require_te, run_te_matrix):  # tests/gpu/conftest.py
+def nccl_run(require_te, run_matrix):  # tests/gpu/conftest.py
     require_te(gpus=2)  # a GPU per rank over NCCL
-    return run_te_matrix("nccl", CASES, "--gpu-share", "never", "--case-timeout", "120",
+    return run_matrix("nccl", CASES, "--gpu-share", "never", "--case-timeout", "120",
                          timeout_s=400)
 
 

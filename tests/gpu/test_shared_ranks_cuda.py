@@ -32,9 +32,9 @@ def _ids(names):
 
 
 @pytest.fixture(scope="module")
-def shared_run(require_te, run_te_matrix):  # tests/gpu/conftest.py
+def shared_run(require_te, run_matrix):  # tests/gpu/conftest.py
     require_te()
-    proc, summary, history = run_te_matrix("shared", CASES, "--gpu-share", "always",
+    proc, summary, history = run_matrix("shared", CASES, "--gpu-share", "always",
                                            timeout_s=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return summary, history

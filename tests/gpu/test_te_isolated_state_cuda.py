@@ -39,12 +39,12 @@ def test_isolated_gives_a_fresh_state_and_puts_the_cases_back(require_te):
     manager.reset()
 
 
-def test_delayed_llama_stack_computes_its_own_reference(require_te, run_te_matrix):
+def test_delayed_llama_stack_computes_its_own_reference(require_te, run_matrix):
     require_te(CALIBRATION)
     case = "delayed-dp2-LlamaStack-sync-none-1"
     # a fresh report directory: the reference is not cached, the case computes it itself;
     # --gpu-share always: gloo on any host (over NCCL the old code hung until the case timeout)
-    proc, summary, history = run_te_matrix("isolated", [case], "--gpu-share", "always",
+    proc, summary, history = run_matrix("isolated", [case], "--gpu-share", "always",
                                            "--case-timeout", "120", timeout_s=300,
                                            scenario="calibration")
     assert summary is not None, proc.stdout[-3000:] + proc.stderr[-3000:]

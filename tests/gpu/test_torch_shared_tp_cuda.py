@@ -17,11 +17,11 @@ CASES = {"fsdp2_tp_dcp": ["fp32-dp2xtp2-Linear-sync-none",
 
 
 @pytest.mark.parametrize("scenario", sorted(CASES))
-def test_torch_colwise_gathered_tp_cases_pass_on_shared_gpus(scenario, run_te_matrix):
+def test_torch_colwise_gathered_tp_cases_pass_on_shared_gpus(scenario, run_matrix):
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    proc, summary, history = run_te_matrix(f"torch-{scenario}", CASES[scenario], "--device",
+    proc, summary, history = run_matrix(f"torch-{scenario}", CASES[scenario], "--device",
                                            "cuda", "--gpu-share", "always", timeout_s=500,
                                            scenario=scenario, backend="torch")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
