@@ -123,9 +123,12 @@ def test_a_shared_train_phase_is_one_sample():
     rows += [row(f"to_dp4-{i}", "reshard", "reshard", "next_params", 0.02) for i in range(10)]
     rows += [row(f"to_dp4-{i}", "train", "train", "shared_train_phase", float("nan"), "note")
              for i in range(5)]
+    # further DCP modes of a group (worker/mode_group.py): carried, but not one that trained
+    rows += [row(f"none{i}", "train", "train", q, float("nan"), "note")
+             for i, q in ((0, "mode_group"), (1, "mode_group"), (2, "mode_group_own_run"))]
     got = {(r["check"], r["world_size"], r["module"]): r
            for r in derive.measured(pd.DataFrame(rows))}
-    assert got[("fp32_parity", "2", "*")]["n"] == 15  # 5 of the 20 were the same trainings
+    assert got[("fp32_parity", "2", "*")]["n"] == 13  # 7 of the 20 were the same trainings
     assert got[("reshard", "2->4", "*")]["n"] == 10
 
 

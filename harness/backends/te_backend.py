@@ -86,7 +86,7 @@ class TEBackend(TorchBackend):
     amax_group_twin = ("delayed",)  # amaxes reduced over the world each step (single.py)
     twin_without_fsdp = TWIN_WITHOUT_FSDP
     lazy_buffers = LAZY_BUFFERS
-
+    global_state = staticmethod(te_global_state.roots)  # TE's FP8 state manager
     # --- pytest process -------------------------------------------------------------------
     def skip_reason(self, case, device: str) -> str | None:
         if device != "cuda":

@@ -15,6 +15,11 @@ def manager():
     return FP8GlobalStateManager
 
 
+def roots() -> list:
+    """What of TE's process-global state a step changes (distributed/restore_point.py)."""
+    return [manager()]
+
+
 @contextlib.contextmanager
 def isolated(state_manager=None):
     """TE's global FP8 state swapped for a fresh one while rank 0 runs alone (the FP32

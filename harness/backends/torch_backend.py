@@ -107,6 +107,10 @@ class TorchBackend:
         the library's default group would be the world (distributed/single.py)."""
         return case.recipe in self.amax_group_twin
 
+    def global_state(self) -> list:
+        """Classes whose attributes are process-global state a step changes (restore_point)."""
+        return []
+
     def isolated(self):
         """Around a run one rank makes alone inside a case (the FP32 reference, the one-rank
         twin: reference_cache.cached): the library's process-global state of its own, the

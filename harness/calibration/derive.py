@@ -123,8 +123,10 @@ def run_cases(df: pd.DataFrame) -> list[tuple[str, str]]:
 def carried(rows: pd.DataFrame, history: pd.DataFrame) -> pd.Series:
     """Which of ``rows`` a case carries from another case's train task: the train-phase rows of
     the cases ``history`` gives a shared_train_phase note in that run
-    (harness/launch/task_graph.py) -- that training's rows, which the case that ran it has too."""
-    notes = (history["quantity"] == catalog.SHARED_TRAIN_PHASE) & (history["metric"] == "note")
+    (harness/launch/task_graph.py) or a mode_group one (a further DCP mode of a group,
+    worker/mode_group.py) -- that training's rows, which the case that ran it has too."""
+    notes = history["quantity"].isin([catalog.SHARED_TRAIN_PHASE, catalog.MODE_GROUP]) & \
+        (history["metric"] == "note")
     shared = set(run_cases(history[notes]))
     if not shared:  # (rows of old histories may have no phase column)
         return pd.Series(False, index=rows.index)

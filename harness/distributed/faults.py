@@ -218,3 +218,17 @@ def before_async_save(case, run) -> None:
     local = getattr(p, "_local_tensor", p)
     if local.numel():
         local.view(-1)[0] += 1e-3
+
+
+@torch.no_grad()
+def after_restore(case, run) -> None:
+    """Fault ``restore_drift``: the trained run a further DCP mode starts from (the
+    ``mode_group`` layer) comes back with the first element of rank 0's first parameter one
+    ulp up -- the smallest restore that is not the trained state."""
+    if fault_of(case) != "restore_drift" or run.ctx.rank != 0:
+        return
+    p = next(iter(run.model.parameters()))
+    local = getattr(p, "_local_tensor", p)
+    if local.numel() and local.dtype.is_floating_point:
+        x = local.view(-1)[:1]
+        x.copy_(torch.nextafter(x, torch.full_like(x, float("inf"))))

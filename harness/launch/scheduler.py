@@ -43,14 +43,14 @@ class Scheduler:
                  after: Callable[["Scheduler", dict], None] | None = None):
         self.launcher, self.affinity = launcher, "lane_affinity" in launcher.speed
         self.after = after or (lambda s, done: None)  # sees each batch of results
-        self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher))
+        self.graph = TaskGraph(cases, ckpt_root, scope_of, lambda c: case_backend(c, launcher),
+                               group_modes="mode_group" in launcher.speed)
         self.seconds = TaskSeconds(seconds)  # what a lane taking over a module weighs
         self.done = self.graph.done  # task name -> TaskResult
         self.events: queue.Queue = queue.Queue()  # what the lanes post (Feed)
         self._lanes: dict[tuple, list[_Lane]] = {}  # (scope, world, pg) -> running lanes
         self._error: BaseException | None = None
-        # busy lanes at once; None: no limit. On a small CPU box overlapping launches only
-        # fight over the cores, so the plugin passes 1 there.
+        # busy lanes at once (None: no limit; 1 on a small CPU box, where they fight for cores)
         self.concurrency = concurrency
 
     # ------------------------------------------------------------------------------------

@@ -7,24 +7,31 @@ the target, e.g. dp2-sync-to_dp4 and dp2-sync-none) shares that case's train tas
 training the same model again: its result holds that task's rows, as its own train phase would
 have made them, and a note names the case. Tasks are grouped by *key*
 (scope, world size, process-group backend of the case's phases: ``pg_of``, launch/placement.py):
-the lanes of a key run its tasks. A task is *open* while it has no result
-and no lane holds it; an open task is *ready* when it can run now.
+the lanes of a key run its tasks. With ``group_modes`` (the ``mode_group`` layer) the train
+tasks of a key whose cases differ only in their DCP mode form a group: the first one's task
+lists the others as ``members``, and they go to a lane together (worker/mode_group.py runs
+them from one trained run). A task is *open* while it has no result and no lane holds it; an
+open task is *ready* when it can run now.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
 from harness.launch.case_result import not_run_reshard, save_missing
 from harness.launch.tasks import Task, TaskResult
+from harness.spec import catalog
 from harness.spec.matrix import Case
 
 
 class TaskGraph:
     def __init__(self, cases: list[Case], ckpt_root: Path, scope_of: Callable[[Case], str],
-                 pg_of: Callable[[Case], str] = lambda c: ""):
+                 pg_of: Callable[[Case], str] = lambda c: "", group_modes: bool = False):
         self._root, self._scope_of, self._pg_of = Path(ckpt_root), scope_of, pg_of
+        self._group_modes = group_modes
+        self._by_name: dict[str, Task] = {}
         self._group: dict[str, tuple] = {}  # case key -> (scope, backend of its phases)
         self.tasks: dict[str, list[Task]] = {}  # case key -> [train, reshard?]
         self.followers: dict[str, list[Task]] = {}  # train task name -> reshard tasks after it
@@ -54,8 +61,24 @@ class TaskGraph:
                 reshard = Task(f"{c.key}.reshard", c, "reshard", train.ckpt_dir)
                 self.followers.setdefault(train.name, []).append(reshard)
                 self.tasks[c.key].append(reshard)
+        if self._group_modes:
+            self._group_by_mode(list({t.name: t for c in cases
+                                      for t in self.tasks[c.key][:1]}.values()))
         # every task once, in the cases' order (a shared train task is in several lists)
         self.all = list({t.name: t for ts in self.tasks.values() for t in ts}.values())
+        self._by_name = {t.name: t for t in self.all}
+
+    def _group_by_mode(self, trains: list[Task]) -> None:
+        groups: dict[tuple, list[Task]] = {}
+        for t in trains:
+            k = mode_free_key(t.case)
+            if k is not None:
+                groups.setdefault((self._group[t.case.key], k), []).append(t)
+        for ts in groups.values():
+            if len(ts) > 1 and len({t.case.ax["dcp"] for t in ts}) == len(ts):
+                ts[0].members = ts[1:]
+                for m in ts[1:]:
+                    m.leader = ts[0].name
 
     @property
     def shared_with(self) -> dict[str, Case]:
@@ -82,8 +105,8 @@ class TaskGraph:
         train task is not held -- a train task and its reshard tasks are one (counted by cases,
         such a batch would fill a lane of two, which then idles until the short reshard is
         done)."""
-        return sum(1 for n in held if not n.endswith(".reshard")
-                   or self.tasks[n.rsplit(".", 1)[0]][0].name not in held)
+        return sum(1 for n in held if not (self._by_name[n].leader in held) and (
+            not n.endswith(".reshard") or self.tasks[n.rsplit(".", 1)[0]][0].name not in held))
 
     def measured_s(self) -> dict[str, float]:
         """Seconds each task that ran to its end took (its first rank's): what the next run
@@ -113,7 +136,11 @@ class TaskGraph:
         out = []
         for t in open_:
             if t.phase == "train":
-                out.append([t] + [r for r in self.followers.get(t.name, ()) if r.name in names])
+                if t.leader in names:
+                    continue  # goes with its group's first task
+                out.append([x for m in [t] + [m for m in t.members if m.name in names]
+                            for x in [m] + [r for r in self.followers.get(m.name, ())
+                                            if r.name in names]])
                 continue
             train = self.tasks[t.case.key][0]
             if train.name in names:
@@ -124,3 +151,17 @@ class TaskGraph:
                 self.done[t.name] = TaskResult(t.name, "ok", rows=not_run_reshard(
                     t.case, self.done[train.name]))
         return out
+
+
+def mode_free_key(case: Case) -> str | None:
+    """What determines a case's train phase but its DCP mode (``Case.train_key`` without the
+    ``dcp`` axis, the checks and the workarounds, which each mode runs its own way); None for
+    a case that injects a fault (its train phase is its own; ``restore_drift`` tests the
+    group)."""
+    if "dcp" not in case.ax or case.ax.get("fault", "none") not in catalog.MODE_GROUP_FAULTS:
+        return None
+    d = json.loads(case.train_key)
+    d["axes"] = [a for a in d["axes"] if a[0] != "dcp"]
+    d.pop("checks", None)
+    d.pop("workarounds", None)
+    return json.dumps(d, sort_keys=True)

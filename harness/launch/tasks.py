@@ -16,6 +16,10 @@ class Task:
     phase: str  # "train" | "reshard"
     ckpt_dir: Path
     for_reshard: bool = False  # a train task whose checkpoint a reshard task loads
+    # train tasks of the cases that differ only in their DCP mode, run by this one's launch
+    # after it from its trained run (worker/mode_group.py); ``leader``: a member's first task
+    members: list["Task"] = field(default_factory=list)
+    leader: str = ""
 
     @property
     def world_size(self) -> int:
@@ -23,7 +27,8 @@ class Task:
 
     def to_json(self) -> dict:
         return dict(name=self.name, case=self.case.to_json(), phase=self.phase,
-                    ckpt_dir=str(self.ckpt_dir), for_reshard=self.for_reshard)
+                    ckpt_dir=str(self.ckpt_dir), for_reshard=self.for_reshard,
+                    members=[m.to_json() for m in self.members])
 
 
 @dataclass

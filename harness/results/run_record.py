@@ -122,6 +122,14 @@ class RunRecord:
             tr.write_line(f"{reuse} resharding case(s) loaded the checkpoint the same case "
                           f"without target saved, trained once (a train / "
                           f"{catalog.SHARED_TRAIN_PHASE} note names that case)")
+        modes = Counter(r["quantity"] for o, info in self.collected.values() if o != "skipped"
+                        for r in info.get("rows") or () if r.get("quantity") in (
+                            catalog.MODE_GROUP, catalog.MODE_GROUP_OWN))
+        if modes:
+            tr.write_line(f"{modes[catalog.MODE_GROUP]} case(s) of a further DCP mode saved from "
+                          f"their group's trained run (a train / {catalog.MODE_GROUP} note names "
+                          f"the case that trained it); {modes[catalog.MODE_GROUP_OWN]} trained "
+                          "their own after all")
         for secs, cid in sorted(ran, reverse=True)[:5]:
             tr.write_line(f"  slow: {secs:6.1f}s  {cid}")
         _launches(tr, self.launch_records, time.time() - self.t0)

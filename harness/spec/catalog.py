@@ -150,6 +150,9 @@ RESHARD_PRODUCERS = ("expected", "reshard_load")  # the reshard phase's
 # the quantity of the note a case gets whose train phase another case's train task ran
 # (harness/launch/task_graph.py): its train-phase rows are that training's, counted once
 SHARED_TRAIN_PHASE = "shared_train_phase"
+# the note of a DCP mode that took over its group's first case's train-phase rows, and of one
+# that trained its own run after all (worker/mode_group.py)
+MODE_GROUP, MODE_GROUP_OWN = "mode_group", "mode_group_own_run"
 
 # Axes every scenario has, in id order. Extra axes (e.g. 'fixes', 'fault') follow them.
 CORE_AXES = ("recipe", "mesh", "module", "dcp", "reshard")
@@ -186,6 +189,8 @@ FAULTS = {
     "stale_master": "after training, the optimizer's master weights are 1.01x the weights the "
     "model computes with",
     "async_differs": "one parameter changes between the sync twin and the async save",
+    "restore_drift": "a further DCP mode's run (mode_group) starts one ulp off the trained "
+    "state: the mode must train its own run",
     "untie_on_load": "the load leaves each tied parameter's later aliases as separate copies "
     "(what a load that assigns instead of copying does)",
     # checkpoint faults: each must end as a clear per-case error naming the checkpoint
@@ -196,6 +201,8 @@ FAULTS = {
     "missing_metadata": "after the save, the checkpoint's .metadata is gone",
     "enospc": "rank 1's DCP writer fails with ENOSPC (no space left on device)",
 }
+# faults whose cases still share a train phase across DCP modes (launch/task_graph.py)
+MODE_GROUP_FAULTS = ("none", "restore_drift")
 CHECKPOINT_FAULTS = ("kill_mid_save", "kill_stager", "truncate_shard", "missing_metadata",
                      "enospc")
 

@@ -79,6 +79,12 @@ LAYERS = (
     Layer("reference_cache", "the FP32 reference and one-rank twin computed once per run for "
           "everything that determines them; plain: computed for every task that needs them",
           "speed/reference_cache.py"),
+    Layer("mode_group", "the cases of a world that differ only in their DCP mode train once: "
+          "each further mode saves from the first's trained run put back in place, kept where "
+          "the state its save captured and its next step equal the first's bit for bit, else "
+          "it trains its own; plain: every mode trains its own run",
+          "launch/task_graph.py (mode_free_key), worker/mode_group.py, "
+          "distributed/restore_point.py", "a case injecting a fault"),
     Layer("compare_fast_path", "comparisons of equal or all-finite tensors on the CPU without "
           "the general formula's masks; plain: the general formula", "checks/compare.py "
           "(_equal_stats, _finite_stats)"),

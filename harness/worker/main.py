@@ -180,7 +180,7 @@ def _agree(ctx, payload: dict, timeout_s: float):
     return gathered
 
 
-def run_task(ctx, task: dict, plan: dict) -> dict:
+def run_task(ctx, task: dict, plan: dict, share=None) -> dict:
     import torch.distributed as dist
 
     from harness.checks.record import Recorder, merge
@@ -202,7 +202,7 @@ def run_task(ctx, task: dict, plan: dict) -> dict:
         ctx.mesh(case.mesh if task["phase"] == "train" else case.target,
                  ctx.backend.mesh_names(case))
         runner.run_phase(ctx, case, task["phase"], ckpt, rec, plan["health_timeout_s"],
-                         for_reshard=task.get("for_reshard", False))
+                         for_reshard=task.get("for_reshard", False), share=share)
     except runner.GroupBroken as e:
         broken = True
         print(f"group broken: {e}", flush=True)
@@ -256,31 +256,31 @@ def main(argv=None, hard_exit: bool = True) -> int:
     ctx = _init(plan, timeline, log.name)
     faulthandler.cancel_dump_traceback_later()
     from harness.distributed import gather
+    from harness.worker import mode_group, runner, task_feed
     gather.GROUP = ctx.exchange
-    from harness.worker import runner, task_feed
     done = set(p.stem for p in (root / "results").glob("*.json"))
     idle = lambda: _write_json(progress, dict(pid=os.getpid(), task=None, state="idle",  # noqa: E731
                                               t=time.time()))
+    def start(name: str) -> None:  # the watchdog's running task, and the unit it is in
+        print(f"=== task {name} start", flush=True)
+        ctx.on_unit = lambda unit=None, t=time.time(): _write_json(progress, dict(
+            pid=os.getpid(), task=name, state="running", t=t, **({"unit": unit} if unit else {})))
+        ctx.on_unit()
     for task in task_feed.tasks(root, plan, on_idle=idle):
-        if task["name"] in done:
+        if task["name"] in done:  # e.g. a DCP mode its group's first task ran
             continue
-        print(f"=== task {task['name']} start", flush=True)
-        t_task = time.time()
-        _write_json(progress, dict(pid=os.getpid(), task=task["name"], state="running",
-                                   t=t_task))
-        # the unit running, for the launcher's account of a rank that dies or hangs
-        ctx.on_unit = lambda unit, name=task["name"], t=t_task: _write_json(
-            progress, dict(pid=os.getpid(), task=name, state="running", t=t, unit=unit))
-        result = run_task(ctx, task, plan)
-        if ctx.rank == 0:
-            _write_json(root / "results" / f"{task['name']}.json", result)
-        print(f"=== task {task['name']} end ({'error' if result['errors'] else 'ok'})", flush=True)
-        if result["pg_broken"] or (result["errors"]
-                                   and not runner.healthy(ctx, plan["health_timeout_s"])):
-            print("main process group out of step after an error: exiting for a re-launch",
+        for result in mode_group.results(ctx, task, plan, run_task, start):
+            if ctx.rank == 0:
+                _write_json(root / "results" / f"{result['task']}.json", result)
+            done.add(result["task"])
+            print(f"=== task {result['task']} end ({'error' if result['errors'] else 'ok'})",
                   flush=True)
-            _write_json(progress, dict(pid=os.getpid(), task=None, state="pg_broken", t=time.time()))
-            os._exit(EXIT_PG_BROKEN)
+            if result["pg_broken"] or (result["errors"]
+                                       and not runner.healthy(ctx, plan["health_timeout_s"])):
+                print("main process group out of step after an error: exiting for a re-launch")
+                _write_json(progress, dict(pid=os.getpid(), task=None, state="pg_broken",
+                                           t=time.time()))
+                os._exit(EXIT_PG_BROKEN)
     timeline["tasks_done"] = time.time()  # the feed closed: the launch's teardown begins
     _write_json(progress, dict(pid=os.getpid(), task=None, state="done", t=time.time()))
     import torch.distributed as dist

@@ -181,14 +181,18 @@ def export(art) -> dict:
     return {"exported": Exported(path, quantized)}
 
 
-def save(art) -> dict:
+def save(art, sync_twin=None) -> dict:
+    """``sync_twin``: a sync checkpoint of this very state *S* another case saved (a DCP mode
+    of its group, worker/mode_group.py), in place of saving one."""
     ctx, case, t = art.ctx, art.case, art["trained"]
     run, mode = t.run, case.ax["dcp"]
     main = art.ckpt / "main"
     twin = art.ckpt / "sync_twin" if "async_equivalence" in case.checks else None
     state = run.full_state()  # S: what every load must reproduce bit for bit
     if twin is not None:
-        checkpoint.save(run, twin, "sync")
+        if sync_twin is None:
+            checkpoint.save(run, twin, "sync")
+        twin = sync_twin or twin
         faults.before_async_save(case, run)
     fault = faults.fault_of(case)
     pending = checkpoint.save(run, main, mode, async_group=ctx.async_group,

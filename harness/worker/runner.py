@@ -75,17 +75,24 @@ def planned_units(case) -> set[str]:
 
 
 def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
-              for_reshard: bool = False) -> None:
+              for_reshard: bool = False, share=None) -> Artifacts:
+    """``share`` (worker/mode_group.py), for a train phase shared by DCP modes: what of the
+    phase runs (``start``), a producer's function in its place (``fn``) and each producer's
+    turn (``before``)."""
     checks = [c for c in checks_mod.for_case(ctx.backend, case) if c.phase == phase]
     art = Artifacts(ctx, case, ckpt, rec=rec, load_fn=checkpoint.load, for_reshard=for_reshard)
-    walk = _Walk(ctx, case, art, rec, health_timeout_s)
+    walk = _Walk(ctx, case, art, rec, health_timeout_s, share)
     pending = list(checks)
     producers = producers_for(phase, checks, for_reshard)
+    if share is not None:
+        producers, pending = share.start(art, producers, pending)
     if any(p.name == "single_rank" for p in producers):  # every rank, before any unit
         single.prepare(case)
     try:
         with ctx.backend.case_context(case):
             for p in producers:
+                if share is not None:
+                    share.before(p, art)
                 walk.produce(p)
                 pending = walk.run_ready(pending)
     except GroupBroken as e:
@@ -101,11 +108,12 @@ def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
     if phase == "train" and for_reshard and art.missing:
         # tell the reshard phase why there is no checkpoint to load
         on_rank0(ctx, lambda: (ckpt / TRAIN_MISSING).write_text(json.dumps(art.missing)))
+    return art
 
 
 class _Walk:
-    def __init__(self, ctx, case, art, rec, health_timeout_s):
-        self.ctx, self.case, self.art, self.rec = ctx, case, art, rec
+    def __init__(self, ctx, case, art, rec, health_timeout_s, share=None):
+        self.ctx, self.case, self.art, self.rec, self.share = ctx, case, art, rec, share
         self.health_timeout_s = health_timeout_s
         self.workarounds = dict(getattr(case, "workarounds", ()) or ())
 
@@ -146,7 +154,8 @@ class _Walk:
 
     def _make(self, p, not_runnable: list) -> None:
         try:
-            self.art.have.update(p.fn(self.art))
+            fn = self.share.fn(p) if self.share is not None else p.fn
+            self.art.have.update(fn(self.art))
         except NotRunnable as e:  # every rank sees the same files: no disagreement
             not_runnable.append(str(e))
 
