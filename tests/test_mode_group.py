@@ -136,6 +136,28 @@ def test_a_restore_point_puts_the_run_back_and_a_missed_part_is_found():
     assert mode_group._differs({"x": float("nan")}, {"x": float("nan")}, "s") is None
 
 
+class _GlobalState:
+    """Like TE's FP8 state manager: process-global state held by a class, rebound by reset."""
+    buffers = {"amax": [torch.zeros(2)]}
+
+    @classmethod
+    def reset(cls):
+        cls.buffers = {"amax": []}
+
+
+def test_a_restore_point_puts_back_a_class_held_global_state_rebound_since():
+    run = _Run()
+    run.backend = type("B", (), {"global_state": lambda self: [_GlobalState]})()
+    before = _GlobalState.buffers
+    point = restore_point.take(run)
+    before["amax"][0].add_(1.0)
+    before["amax"].append(torch.ones(2))
+    _GlobalState.reset()
+    point.restore()
+    assert _GlobalState.buffers is before and len(before["amax"]) == 1
+    assert torch.equal(before["amax"][0], torch.zeros(2))
+
+
 def _state_after(steps):
     run = _Run()
     for _ in range(steps):
