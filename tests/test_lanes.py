@@ -184,17 +184,28 @@ def test_a_lane_takes_a_module_s_async_process_saves_last():
     module's other cases first, so its first async_process save does not wait for them."""
     cases = [c for c in expand(load_scenario(ROOT / "scenarios" / "fsdp2_tp_dcp.yaml"))
              if c.world_sizes == (2,)]
-    fake = FakeLauncher(slots=1)
-    results = _run(fake, cases, concurrency=None)
-    assert all(r.status == "ok" for r in results.values())
     by_key = {c.key: c for c in cases}
-    (_, _, names), = fake.launches
-    trains = [by_key[n.rsplit(".", 1)[0]] for n in names if n.endswith(".train")]
-    modules = [c.ax["module"] for c in trains]
-    for m in set(modules):
-        dcp = [c.ax["dcp"] for c in trains if c.ax["module"] == m]
+
+    def trains(speed):
+        fake = FakeLauncher(slots=1)
+        fake.speed = speed
+        results = _run(fake, cases, concurrency=None)
+        assert all(r.status == "ok" for r in results.values())
+        (_, _, names), = fake.launches
+        return [by_key[n.rsplit(".", 1)[0]] for n in names if n.endswith(".train")]
+    plain = trains(layers.ALL.without("mode_group"))
+    for m in {c.ax["module"] for c in plain}:
+        dcp = [c.ax["dcp"] for c in plain if c.ax["module"] == m]
         first = dcp.index("async_process")
         assert first > 0 and set(dcp[first:]) == {"async_process"}, (m, dcp)
+    # with mode_group a (recipe, mesh, module)'s modes are one batch, sync first (the group's
+    # run): an async_process save then comes with each group
+    grouped = trains(layers.ALL)
+    runs = [tuple(c.ax[a] for a in ("recipe", "mesh", "module")) for c in grouped]
+    for i in range(0, len(grouped), 3):
+        assert len(set(runs[i:i + 3])) == 1, runs[i:i + 3]
+        assert [c.ax["dcp"] for c in grouped[i:i + 3]] == ["sync", "async_thread",
+                                                            "async_process"]
 
 
 def _two_rank_cases():
@@ -231,7 +242,9 @@ def test_a_lane_holds_two_batches_of_a_train_task_and_its_reshards():
     task ended: an idle GPU slot)."""
     from harness.launch.scheduler import _Lane
     cases = _two_rank_cases()
-    sched = Scheduler(FakeLauncher(), cases, Path("/nonexistent"))
+    fake = FakeLauncher()
+    fake.speed = layers.ALL.without("mode_group")  # (a group's modes: one batch, below)
+    sched = Scheduler(fake, cases, Path("/nonexistent"))
     lane = _Lane(sched, sched.graph.keys()[0], 0, {})
     got = sched._take(lane)
     trains = [t for t in got if t.phase == "train"]
@@ -244,6 +257,14 @@ def test_a_lane_holds_two_batches_of_a_train_task_and_its_reshards():
         lane.assigned.discard(t.name)
     assert len([t for t in sched._take(lane) if t.phase == "train"]) == 1
     assert sched.graph.measured_s() == {trains[0].name: 0.5}  # the next run's (timed) seconds
+    # with mode_group: two groups, each a sync train task, its reshards and its further modes
+    grouped = Scheduler(FakeLauncher(), cases, Path("/nonexistent"))
+    lane = _Lane(grouped, grouped.graph.keys()[0], 0, {})
+    got = grouped._take(lane)
+    firsts = [t for t in got if t.members]
+    assert len(firsts) == 2 and grouped.graph.batches(lane.assigned) == 2, [t.name for t in got]
+    assert {m.name for t in firsts for m in t.members} <= {t.name for t in got}
+    assert grouped._take(lane) == []  # full
 
 
 def test_a_lane_takes_its_own_recipes_first_then_ones_no_lane_ran():

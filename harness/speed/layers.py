@@ -62,7 +62,8 @@ LAYERS = (
           "(pytest's cache); plain: every task weighs the same", "speed/task_seconds.py",
           "-p no:cacheprovider"),
     Layer("lane_affinity", "a lane keeps to the (module, recipe) pairs it ran, async_process "
-          "saves last, takes over the module with most work left; plain: the first ready batch",
+          "saves last (a mode group's come with it), takes over the module with most work "
+          "left; plain: the first ready batch",
           "speed/lane_choice.py (affinity)"),
     Layer("lane_per_module", "on GPU, a lane per module of a world size's cases where more than "
           "the default launches per GPU, more for a costly module; plain: --launches-per-gpu",
