@@ -6,10 +6,10 @@ The check runs in a child process (forked for a CPU probe where this process hol
 context, else a fresh interpreter: a child forked after this process so much as counted the
 GPUs cannot use CUDA -- torch's fork poisoning; a forked child computes on one thread, as
 DataLoader's workers do: the OpenMP team its parent used does not fork with it, and a parallel
-region would wait for it for good) that the run waits for at most ``PROBE_TIMEOUT_S``: a factory, TP plan or forward that
-blocks is killed and named, and one that ends its process (``os._exit``,
-``sys.exit`` from C) is named with its exit status, instead of hanging or silently ending
-the run."""
+region would wait for it for good) that the run waits for at most ``PROBE_TIMEOUT_S``: a
+factory, TP plan or forward that blocks is killed and named, and one that ends its process
+(``os._exit``, ``sys.exit`` from C) is named with its exit status, instead of hanging or
+silently ending the run."""
 
 from __future__ import annotations
 
