@@ -68,11 +68,11 @@ def _general_only(monkeypatch):
 
 
 @pytest.mark.parametrize("key", sorted(k for k, (a, e) in _pairs().items()
-                                       if not C._bits(a).equal(C._bits(e))))
+                                       if not C.bits(a).equal(C.bits(e))))
 def test_the_first_differing_element_is_the_first_differing_bytes(key):
     """``_differs`` compares same-width integers; the first element whose bytes differ."""
     a, e = _pairs()[key]
-    ne = (C._bits(a).reshape(a.numel(), -1) != C._bits(e).reshape(e.numel(), -1)).any(dim=1)
+    ne = (C.bits(a).reshape(a.numel(), -1) != C.bits(e).reshape(e.numel(), -1)).any(dim=1)
     assert torch.equal(C._differs(a, e, None, None), ne)
     i = int(ne.nonzero()[0])
     fa, fe = a.reshape(-1).double(), e.reshape(-1).double()

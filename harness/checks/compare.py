@@ -112,7 +112,7 @@ def _differs(a, e, a64, e64) -> torch.Tensor:
         ints = _SAME_SIZE_INT.get(e.element_size())
         if ints is not None:
             return a.detach().reshape(-1).view(ints) != e.detach().reshape(-1).view(ints)
-        ab, eb = _bits(a).reshape(a64.numel(), -1), _bits(e).reshape(e64.numel(), -1)
+        ab, eb = bits(a).reshape(a64.numel(), -1), bits(e).reshape(e64.numel(), -1)
         return (ab != eb).any(dim=1)
     return ~((a64 == e64) | (a64.isnan() & e64.isnan()))
 
@@ -156,7 +156,7 @@ def _equal_stats(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
     general path)."""
     a, e = a.detach(), e.detach()
     ints = _SAME_SIZE_INT.get(e.element_size())
-    if not (torch.equal(a.view(ints), e.view(ints)) if ints else torch.equal(_bits(a), _bits(e))):
+    if not (torch.equal(a.view(ints), e.view(ints)) if ints else torch.equal(bits(a), bits(e))):
         return None
     d = e.reshape(-1).to(torch.float64)
     sq = torch.dot(d, d)
@@ -224,7 +224,9 @@ def _first(k: str, a: torch.Tensor, e: torch.Tensor) -> str:
     return f"{k}{_index(i, tuple(a.shape))}: {fa[i].item():.9g} vs {fe[i].item():.9g}"
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bits, flat: two tensors of one dtype and shape are bit-equal where these are
+    (NaN payloads compare, -0.0 differs from 0.0)."""
     t = t.contiguous().reshape(-1)
     return t if t.dtype == torch.bool else t.view(torch.uint8)
 

@@ -21,15 +21,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from harness.checks.compare import bits
 from harness.distributed import faults, restore_point
 from harness.spec import catalog
 from harness.worker import producers as made_by
+from harness.worker.runner import Share
 
 SHARED = ("train", "reference", "single_rank", "export")  # the producers a mode takes over
 NEEDED = ("trained", "checkpoint", "continued")  # the first case's, for a mode to share them
 
 
-class Leader:
+class Leader(Share):
     """The first case: runs as any case; its run's state is taken right before its save."""
 
     def __init__(self):
@@ -40,9 +42,6 @@ class Leader:
         self.checked = tuple(c.name for c in checks)
         return producers, checks
 
-    def fn(self, p):
-        return p.fn
-
     def before(self, p, art) -> None:
         if p.name == "save" and "trained" in art and "trained" not in art.missing:
             self.point = restore_point.take(art["trained"].run)
@@ -52,7 +51,7 @@ class Leader:
             a in self.art and a not in self.art.missing for a in NEEDED)
 
 
-class Member:
+class Member(Share):
     """A further mode: takes over what the first case made and checked before its save (the
     artifacts and their rows), starts from that case's run put back to the state right before
     its save, and saves, steps and loads its own way."""
@@ -72,11 +71,7 @@ class Member:
                 art.missing[m] = first.art.missing.get(m, "was not made")
         taken = [c for c in checks if set(c.needs) <= made and c.name in first.checked]
         units = {p.name for p in shared} | {c.name for c in taken} | {"trace"}
-        for name, what in art.ctx.backend.applied_workarounds(case).items():
-            rec.note("train", f"workaround:{name}", f"the {art.ctx.backend.name} backend "
-                                                    f"applies workaround {name}: {what}")
-        for name, what in art.ctx.backend.case_notes(case).items():
-            rec.note("train", name, what)
+        made_by.case_notes(art)
         # (not the train unit's notes: the case's own are above; not the units' seconds,
         # which this mode did not spend)
         rec.rows += [dict(r) for r in first.art.rec.rows if r["check"] in units
@@ -127,7 +122,7 @@ class Member:
             _differs(a.state or {}, b.state or {}, "next-step state")
 
 
-class OwnRun:
+class OwnRun(Share):
     """A mode that trains its own run after all: the note says why."""
 
     def __init__(self, why: str):
@@ -136,12 +131,6 @@ class OwnRun:
     def start(self, art, producers: list, checks: list):
         art.rec.note("train", catalog.MODE_GROUP_OWN, f"trained a run of its own: {self.why}")
         return producers, checks
-
-    def fn(self, p):
-        return p.fn
-
-    def before(self, p, art) -> None:
-        pass
 
 
 def results(ctx, task: dict, plan: dict, run_task, start):
@@ -220,7 +209,7 @@ def _differs(a: dict, b: dict, what: str) -> str | None:
     for k, x in a.items():
         y = b[k]
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(_bytes(x), _bytes(y)):
+            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(_bits(x), _bits(y)):
                 return f"{what}: {k} differs"
         elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             return f"{what}: {k} is a tensor on one side only"
@@ -229,10 +218,7 @@ def _differs(a: dict, b: dict, what: str) -> str | None:
     return None
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes (NaN payloads compare, -0.0 differs from 0.0); a placeholder (meta:
-    the gathered value is rank 0's) compares by dtype and shape alone."""
-    if t.is_meta:
-        return torch.empty(0, dtype=torch.uint8)
-    t = t.detach().cpu().contiguous().reshape(-1)
-    return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``compare.bits`` of the tensor on the CPU; a placeholder (meta: the gathered value is
+    rank 0's) compares by dtype and shape alone."""
+    return torch.empty(0, dtype=torch.uint8) if t.is_meta else bits(t.detach().cpu())

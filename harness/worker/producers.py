@@ -104,13 +104,19 @@ class Producer:
     loads: bool = False  # loads a checkpoint (a workaround may replace the load)
 
 
-def train(art) -> dict:
+def case_notes(art) -> None:
+    """The train unit's notes of what the backend does for the case (its workarounds)."""
     ctx, case = art.ctx, art.case
     for name, what in ctx.backend.applied_workarounds(case).items():
         art.rec.note("train", f"workaround:{name}", f"the {ctx.backend.name} backend applies "
                                                     f"workaround {name}: {what}")
     for name, what in ctx.backend.case_notes(case).items():
         art.rec.note("train", name, what)
+
+
+def train(art) -> dict:
+    ctx, case = art.ctx, art.case
+    case_notes(art)
     run = Run(ctx, case, case.mesh, seed=case.train.seed)
     faults.after_build(case, run)
     initial = run.full_params()

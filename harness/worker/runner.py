@@ -74,25 +74,35 @@ def planned_units(case) -> set[str]:
     return units
 
 
+class Share:
+    """How a phase shares its run with another case's (worker/mode_group.py: a train phase
+    shared by DCP modes): what of the phase runs (``start``), a producer's function in its
+    place (``fn``), each producer's turn (``before``). This one shares nothing."""
+
+    def start(self, art, producers: list, checks: list) -> tuple[list, list]:
+        return producers, checks
+
+    def fn(self, p):
+        return p.fn
+
+    def before(self, p, art) -> None:
+        pass
+
+
 def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
-              for_reshard: bool = False, share=None) -> Artifacts:
-    """``share`` (worker/mode_group.py), for a train phase shared by DCP modes: what of the
-    phase runs (``start``), a producer's function in its place (``fn``) and each producer's
-    turn (``before``)."""
+              for_reshard: bool = False, share: Share | None = None) -> Artifacts:
     checks = [c for c in checks_mod.for_case(ctx.backend, case) if c.phase == phase]
     art = Artifacts(ctx, case, ckpt, rec=rec, load_fn=checkpoint.load, for_reshard=for_reshard)
+    share = share or Share()
     walk = _Walk(ctx, case, art, rec, health_timeout_s, share)
-    pending = list(checks)
-    producers = producers_for(phase, checks, for_reshard)
-    if share is not None:
-        producers, pending = share.start(art, producers, pending)
+    producers, pending = share.start(art, producers_for(phase, checks, for_reshard),
+                                     list(checks))
     if any(p.name == "single_rank" for p in producers):  # every rank, before any unit
         single.prepare(case)
     try:
         with ctx.backend.case_context(case):
             for p in producers:
-                if share is not None:
-                    share.before(p, art)
+                share.before(p, art)
                 walk.produce(p)
                 pending = walk.run_ready(pending)
     except GroupBroken as e:
@@ -112,7 +122,7 @@ def run_phase(ctx, case, phase: str, ckpt, rec, health_timeout_s: float = 15.0,
 
 
 class _Walk:
-    def __init__(self, ctx, case, art, rec, health_timeout_s, share=None):
+    def __init__(self, ctx, case, art, rec, health_timeout_s, share: Share):
         self.ctx, self.case, self.art, self.rec, self.share = ctx, case, art, rec, share
         self.health_timeout_s = health_timeout_s
         self.workarounds = dict(getattr(case, "workarounds", ()) or ())
@@ -154,8 +164,7 @@ class _Walk:
 
     def _make(self, p, not_runnable: list) -> None:
         try:
-            fn = self.share.fn(p) if self.share is not None else p.fn
-            self.art.have.update(fn(self.art))
+            self.art.have.update(self.share.fn(p)(self.art))
         except NotRunnable as e:  # every rank sees the same files: no disagreement
             not_runnable.append(str(e))
 
