@@ -87,3 +87,16 @@ def test_nvml_count_and_where_it_cannot_say(monkeypatch):
         raise OSError(f"{name}: cannot open shared object file")
     monkeypatch.setattr(gpu.ctypes, "CDLL", missing)
     assert gpu.nvml_device_count() is None
+
+
+def test_the_plugins_import_loads_neither_torch_nor_pandas():
+    """pytest imports the plugin before anything runs, the first launch waits on it: torch
+    loads in the rank server and where the backend is asked, pandas where results are read or
+    written (harness/calibration/derive.py imports it where used)."""
+    code = "import json, sys, harness.plugin; print(json.dumps([m in sys.modules for m in " \
+           "('torch', 'pandas')]))"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [False, False]

@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from harness.calibration import twin
 from harness.spec import catalog
 from harness.spec.matrix import numerics_of, reshard_target
 from harness.spec.mesh import parse_mesh
 from harness.spec.scenario import load_scenario
+
+if TYPE_CHECKING:  # pandas and numpy load where used: pytest's plugin imports this module
+    import pandas as pd
 
 SCENARIOS = ("calibration", twin.SCENARIO)  # the scenarios measured here
 ON_DEMAND = "calibration_on_demand"  # + "@<config>": a run's calibration on demand (on_demand.py)
@@ -125,6 +126,7 @@ def carried(rows: pd.DataFrame, history: pd.DataFrame) -> pd.Series:
     the cases ``history`` gives a shared_train_phase note in that run
     (harness/launch/task_graph.py) or a mode_group one (a further DCP mode of a group,
     worker/mode_group.py) -- that training's rows, which the case that ran it has too."""
+    import pandas as pd
     notes = history["quantity"].isin([catalog.SHARED_TRAIN_PHASE, catalog.MODE_GROUP]) & \
         (history["metric"] == "note")
     shared = set(run_cases(history[notes]))
@@ -137,6 +139,7 @@ def carried(rows: pd.DataFrame, history: pd.DataFrame) -> pd.Series:
 def configs(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[str]:
     """Each row's configuration (Case.numerics): as recorded (the ``config`` column, since it
     exists), else that of its case in the scenario file it ran from (its axes and backend)."""
+    import pandas as pd
     none = pd.Series([None] * len(df), index=df.index)
     recorded = df["config"] if "config" in df else none
     specs, seen, out = {}, {}, []
@@ -163,6 +166,7 @@ def configs(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[str]:
 def measured_at(df: pd.DataFrame) -> pd.Series:
     """When each row was measured (UTC): its ``date``, else its run id's timestamp (run ids
     begin ``%Y%m%dT%H%M%S``: a run's calibration on demand carries no date); NaT: neither."""
+    import pandas as pd
     def parse(values, **kw):
         return pd.Series(pd.to_datetime(values, utc=True, errors="coerce", **kw),
                          index=df.index)
@@ -177,6 +181,7 @@ def measured_at(df: pd.DataFrame) -> pd.Series:
 def superseded(df: pd.DataFrame, rules=SUPERSEDED) -> pd.Series:
     """Which rows a ``SUPERSEDED`` rule leaves out: its backend, recipe and checks, measured
     before its date (:func:`measured_at`; a row with no time known: before every rule)."""
+    import pandas as pd
     out = pd.Series(False, index=df.index)
     when = measured_at(df)
     for backend, recipe, checks, before, _ in rules:
@@ -201,6 +206,7 @@ def packaged(df: pd.DataFrame) -> pd.DataFrame:
     calibrate --package``): the samples (max_abs / rel_l2), the coverage rows of units left out
     (xfailed, not run), any other failure, the rows of crashed cases and the notes that name a
     shared train phase. ``measured`` gives the same from it as from the whole history."""
+    import pandas as pd
     df = df[[is_calibration(s) for s in df["scenario"]]]
     status = df["case_status"] if "case_status" in df else pd.Series("", index=df.index)
     keep = df["metric"].isin(METRICS) | status.isin(BROKEN_STATUS) \
@@ -211,6 +217,7 @@ def packaged(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
+    import numpy as np
     df = df[[is_calibration(s) for s in df["scenario"]]]
     # a case's run left out, or one of its checks, is left out in that run only: a case that
     # hung on one host must not take its samples of every other run with it

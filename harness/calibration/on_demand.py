@@ -27,8 +27,6 @@ import dataclasses
 import json
 import math
 
-import pandas as pd
-
 from harness.calibration import KEY, derive, twin
 from harness.calibration.derive import CALIBRATED, MIN_N
 from harness.calibration.tolerances import (FACTOR, FLOOR, UNJUDGED, MissingTolerance,
@@ -157,6 +155,7 @@ def populations(rows: list[dict], bound: str = "p99") -> dict[tuple, dict]:
     after a second round (SECOND_N; TAIL_N samples take it anyway: tolerances.statistic)."""
     if not rows:
         return {}
+    import pandas as pd
     df = pd.DataFrame(rows)
     out = {}
     for r in derive.measured(df):
