@@ -49,12 +49,12 @@ def test_every_layer_is_listed_once_and_asked_by_the_code():
         assert asked, f"no module of harness/ asks for layer {layer.name!r}"
 
 
-def _hs(tmp_path, device="cuda", **given):
+def _hs(tmp_path, device="cuda", gpus=("0", "1"), **given):
     opts = {"work_dir": str(tmp_path), "launches_per_gpu": None, "nnodes": 1,
             "rdzv_endpoint": None, "node_launcher": None, "gpu_share": "auto",
             "rank_start": "auto", "accelerations": "all", **given}
     return SimpleNamespace(device=device, config=SimpleNamespace(getoption=opts.get, cache={}),
-                           env=SimpleNamespace(visible_gpus=lambda: ["0"]))
+                           env=SimpleNamespace(visible_gpus=lambda: list(gpus)))
 
 
 def test_the_run_folds_in_the_older_switches(tmp_path):
@@ -67,6 +67,9 @@ def test_the_run_folds_in_the_older_switches(tmp_path):
     cpu = execution.accelerations(_hs(tmp_path, device="cpu"))
     assert not {"stager_prestart", "stager_no_gpu", "lane_per_module", "cpu_priority"} & cpu.on
     assert {"rank_server", "stager_fork"} <= cpu.on  # CPU ranks fork too (--rank-start auto)
+    assert "context_order" not in cpu.on  # (measured on 2 GPUs; slower on one)
+    assert execution.accelerations(_hs(tmp_path, gpus=("0",))) == layers.ALL.without(
+        "context_order")
     plain = _hs(tmp_path, accelerations="none")
     assert execution.accelerations(plain) == layers.PLAIN
     assert execution.rank_start(plain) == "fresh"

@@ -37,6 +37,7 @@ class Lanes:
         self.stager_worlds: set[int] = set()  # launch_dir.stager_worlds() of the run's cases
         self.largest_world = 0  # of the run's tasks: ranks' CPU priorities (placement.py)
         self.cores: int | None = None  # the host's (None: this process's CPUs; extra_lanes)
+        self.context_order = None  # the first launches' CUDA contexts (launch/context_order.py)
 
     def expect(self, cases, tasks=(), seconds: dict[str, float] | None = None) -> None:
         """On GPU hosts every launch that may run an async_process save starts DCP's stager up

@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.launch import procs
+from harness.launch import context_order, procs
 from harness.launch.feed import FixedFeed
 from harness.launch.interrupt import Interrupted
 from harness.launch.launch import SAFE_ENV, TORCHRUN, Launch, LaunchSettings
@@ -44,8 +44,7 @@ class Launcher(Lanes):
         # Multi-node: `nnodes` torchrun agents meet at a c10d rendezvous, started by one
         # `node_launcher` command (["srun", ...]) or on this host (simulated nodes, in CI).
         self.nnodes = nnodes
-        self.rdzv_endpoint = rdzv_endpoint
-        self.node_launcher = list(node_launcher or [])
+        self.rdzv_endpoint, self.node_launcher = rdzv_endpoint, list(node_launcher or [])
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.python = python
@@ -101,6 +100,7 @@ class Launcher(Lanes):
             startup_timeout_s=self.startup_timeout_s, extra_env=self.extra_env,
             gentle_stop=bool(self.node_launcher),
             stager=world_size in self.stager_worlds, rank_server=self.rank_server)
+        env = {**env, **context_order.env_for(self, world_size, name)}  # CUDA contexts' order
         return Launch(settings, name, d, lambda plan: self.commands(plan, world_size, name),
                       tasks, world_size, env, feed, stop=self._stop, on_record=self.add_record,
                       retry_start=retry_start)

@@ -46,6 +46,8 @@ def accelerations(hs) -> layers.Accelerations:
     if hs.device != "cuda":
         acc = acc.without("stager_prestart", "stager_no_gpu", "lane_per_module",
                           "lanes_per_gpu", "pool_lanes", "cpu_priority")
+    if hs.device != "cuda" or len(hs.env.visible_gpus()) < 2:  # measured on 2 GPUs only
+        acc = acc.without("context_order")
     if hs.config.getoption("launches_per_gpu") is not None:
         acc = acc.without("lane_per_module")
     if getattr(hs.config, "cache", None) is None:

@@ -86,6 +86,10 @@ LAYERS = (
           "it trains its own; plain: every mode trains its own run",
           "launch/task_graph.py (mode_free_key), worker/mode_group.py, "
           "distributed/restore_point.py", "a case injecting a fault"),
+    Layer("context_order", "the ranks of the launches that start together make their CUDA "
+          "contexts the largest world first, each tier after the one before (bounded wait); "
+          "plain: every rank at once", "launch/context_order.py, worker/context_gate.py",
+          "CPU runs; a host of one GPU (slower there); more than one node"),
     Layer("compare_fast_path", "comparisons of equal or all-finite tensors on the CPU without "
           "the general formula's masks; plain: the general formula", "checks/compare.py "
           "(_equal_stats, _finite_stats)"),

@@ -121,6 +121,7 @@ def _init(plan: dict, timeline: dict, log_path: str):
     import torch.distributed as dist
 
     from harness import backends
+    from harness.worker import context_gate
     timeline["imports"] = time.time()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -129,20 +130,18 @@ def _init(plan: dict, timeline: dict, log_path: str):
     # the groups form under the launch's set-up timeout (connections, not a case's collective),
     # then take the timeouts their collectives run under
     setup = timedelta(seconds=plan["setup_timeout_s"])
-    if plan["device"] == "cuda" and os.environ.get(PG_BACKEND_VAR) == "gloo":
-        # gloo on GPUs (launch/placement.py): NCCL refuses two ranks on one device, gloo runs
-        # every collective on CUDA tensors
+    if plan["device"] == "cuda":  # the rank sees its GPU alone (own_gpu's reasons)
         device = torch.device("cuda", own_gpu(os.environ, local_rank))
+        timeline["context_wait_s"] = context_gate.wait_turn()  # the run's larger worlds first
         torch.cuda.set_device(device)
+        context_gate.ready(rank)
         timeline["cuda_context"] = time.time()
-        dist.init_process_group("gloo", timeout=setup)
-    elif plan["device"] == "cuda":
-        # a GPU per rank over NCCL: the rank sees its GPU alone too (own_gpu's reasons)
-        device = torch.device("cuda", own_gpu(os.environ, local_rank))
-        torch.cuda.set_device(device)
-        timeline["cuda_context"] = time.time()
-        # async DCP needs a CPU backend beside NCCL
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
+        if os.environ.get(PG_BACKEND_VAR) == "gloo":
+            # gloo on GPUs (launch/placement.py): NCCL refuses two ranks on one device, gloo
+            # runs every collective on CUDA tensors
+            dist.init_process_group("gloo", timeout=setup)
+        else:  # a GPU per rank over NCCL; async DCP needs a CPU backend beside it
+            dist.init_process_group("cpu:gloo,cuda:nccl", timeout=setup, device_id=device)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=setup)
