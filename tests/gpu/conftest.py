@@ -52,3 +52,21 @@ def run_matrix(tmp_path_factory):
                                                               "history/*.parquet"))
         return (proc, summary and pd.read_csv(summary), history and pd.read_parquet(history))
     return run
+
+
+@pytest.fixture
+def run_scenario_file(tmp_path):
+    """``run_scenario_file(path, timeout_s)``: ``pytest --scenario PATH --backend te`` on every
+    case of a scenario file (tests/scenarios/), with a pytest cache of its own (populations
+    measured on demand stay in the test); (its output, its history -- None where it wrote
+    none)."""
+    def run(scenario: Path, timeout_s: float):
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q",
+                               "--scenario", str(scenario), "--backend", "te", "--report-dir",
+                               str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                              env=env)
+        history = next((tmp_path / "history").glob("*.parquet"), None)
+        return proc.stdout + proc.stderr, history and pd.read_parquet(history)
+    return run

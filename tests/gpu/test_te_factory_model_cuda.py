@@ -4,28 +4,15 @@ loads it, a reshard leaves TP, the tied head stays tied. Clean cases pass and a 
 rate fails fp32_parity, each judged by populations measured on demand for this configuration.
 Skips without CUDA and TE."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pandas as pd
-
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "te_factory_model.yaml"
-ROOT = SCENARIO.parents[2]
 
 
-def test_a_factory_model_runs_fsdp2_x_tp_on_te(require_te, tmp_path):
+def test_a_factory_model_runs_fsdp2_x_tp_on_te(require_te, run_scenario_file):
     require_te(SCENARIO)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q",
-                           "--scenario", str(SCENARIO), "--backend", "te", "--report-dir",
-                           str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, env=env)
-    out = proc.stdout + proc.stderr
-    files = list((tmp_path / "history").glob("*.parquet"))
-    assert files, out[-3000:]
-    history = pd.read_parquet(files[0])
+    out, history = run_scenario_file(SCENARIO, timeout_s=900)
+    assert history is not None, out[-3000:]
     outcome = history.groupby("case_id")["case_outcome"].first().to_dict()
     assert len(outcome) == 4, out[-3000:]
     for cid, got in outcome.items():

@@ -5,12 +5,7 @@ rate fails everywhere; gradients reduced in bf16 fail sharding_invariance on eve
 mesh (block formats: a twin without FSDP; TP: a twin that keeps the TP split). Skips without
 CUDA and TE."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
-
-import pandas as pd
 
 from harness.calibration import twin
 from harness.spec.matrix import expand
@@ -19,21 +14,11 @@ from harness.spec.scenario import load_scenario
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "te_unseen_config.yaml"
 
 
-ROOT = SCENARIO.parents[2]
-
-
-def test_an_unseen_configuration_is_judged_by_its_own_populations(require_te, tmp_path):
+def test_an_unseen_configuration_is_judged_by_its_own_populations(require_te, run_scenario_file):
     require_te(SCENARIO)
     cases = expand(load_scenario(SCENARIO), "te")
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q",
-                           "--scenario", str(SCENARIO), "--backend", "te", "--report-dir",
-                           str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1500, env=env)
-    out = proc.stdout + proc.stderr
-    files = list((tmp_path / "history").glob("*.parquet"))
-    assert files, out[-3000:]
-    history = pd.read_parquet(files[0])
+    out, history = run_scenario_file(SCENARIO, timeout_s=1500)
+    assert history is not None, out[-3000:]
     outcome = history.groupby("case_id")["case_outcome"].first().to_dict()
     ran = {c.id: c for c in cases if outcome.get(c.id) not in (None, "skipped")}
     assert ran, out[-3000:]
