@@ -63,8 +63,8 @@ def _rows(values: dict, outcome="unjudged"):
         for metric, v in (("max_abs", mx), ("rel_l2", rel)):
             rows.append(dict(phase="train" if check != "reshard" else "reshard", check=check,
                              quantity=quantity, metric=metric, value=v, tolerance=math.nan,
-                             outcome=outcome, detail="max_abs=1 (tol nan), rel_l2=1 (tol nan)"
-                             "; unjudged: no population", tolerance_source="unjudged"))
+                             outcome=outcome, detail="max_abs=1 (no tolerance), rel_l2=1 (no tolerance), 1/1 "
+                             "elements differ [tolerance: unjudged]; unjudged: no population", tolerance_source="unjudged"))
     rows.append(dict(phase="train", check="fp32_parity", quantity="*", metric="coverage",
                      value=math.nan, tolerance=math.nan, outcome="passed", detail=""))
     return rows
@@ -197,6 +197,20 @@ def test_a_registered_failure_is_never_sampled_nor_planned():
     assert on_demand.by_registry(rows, out) == 1
     got = {(r["check"], r["outcome"]) for r in rows if r["metric"] == "rel_l2"}
     assert got == {("reshard", "fail"), ("fp32_parity", "unjudged")}
+    registered = [r for r in rows if r["check"] == "reshard"]
+    for r in registered:  # the entry's bounds judge it: said so, with no bound of its own
+        assert r["tolerance_source"] == "registered" and "[tolerance: registered]" in r["detail"]
+        assert "(no tolerance)" in r["detail"] and "unjudged" not in r["detail"]
+
+
+def test_a_detail_without_a_tolerance_says_so_never_tol_nan():
+    from harness.calibration.tolerances import Tolerance
+    from harness.checks.compare import Comparison
+    c = Comparison(max_abs=0.5, rel_l2=0.25, n_diff=3, n_total=4, first_diff=None, problems=[])
+    text = c.describe(Tolerance(math.nan, math.nan, "no population", source="unjudged"))
+    assert text.startswith("max_abs=0.5 (no tolerance), rel_l2=0.25 (no tolerance), 3/4")
+    assert "nan" not in text
+    assert "(tol 0.001), rel_l2=0.25 (tol inf)" in c.describe(Tolerance(1e-3, math.inf, "x"))
 
 
 def test_every_recipe_takes_min_n_variants_and_the_key_names_what_they_measure(monkeypatch):

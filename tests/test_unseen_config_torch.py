@@ -37,5 +37,6 @@ def test_without_calibration_the_quantities_are_unjudged_and_the_run_is_not_gree
     unjudged = rows[rows["row_outcome"] == "unjudged"]
     assert len(unjudged) and (unjudged["tolerance_source"] == "unjudged").all()
     assert unjudged["detail"].str.contains("--calibrate off").all()
+    assert unjudged["detail"].str.contains("(no tolerance)", regex=False).all()
     assert not (rows["row_outcome"] == "fail").any()  # unjudged is no failure ...
     assert "tol nan" not in out  # ... and no NaN-tolerance verdict

@@ -29,8 +29,9 @@ import math
 
 from harness.calibration import KEY, derive, twin
 from harness.calibration.derive import CALIBRATED, MIN_N
-from harness.calibration.tolerances import (FACTOR, FLOOR, UNJUDGED, MissingTolerance,
-                                          Population, lookup, statistic)
+from harness.calibration.tolerances import (FACTOR, FLOOR, NO_TOLERANCE, UNJUDGED,
+                                          MissingTolerance, Population, lookup, statistic,
+                                          tol_text)
 from harness.spec import catalog
 
 SCENARIO = derive.ON_DEMAND  # the variants' scenario name prefix
@@ -232,7 +233,7 @@ def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict
                 r["tolerance"] = limit[r["metric"]]
             r["outcome"] = "pass" if ok else "fail"
             r["tolerance_source"] = t.source
-            r["detail"] = _judged(r.get("detail", ""), t)
+            r["detail"] = _judged(r.get("detail", ""), t.source, t)
         if not ok:
             failed_units.add((phase, check))
     for r in rows:
@@ -276,12 +277,12 @@ def reproduces(first: dict | None, packaged_p99: float) -> str | None:
             f"{packaged_p99:.3g}: the code under test moved (no second round)")
 
 
-def _judged(detail: str, t) -> str:
-    """A row's detail with the tolerance it is judged by in place of 'tol nan'."""
-    detail = detail.split("; unjudged: ")[0]
-    detail = detail.replace("(tol nan)", f"(tol {t.max_abs:g})", 1)
-    detail = detail.replace("(tol nan)", f"(tol {t.rel_l2:g})", 1)
-    return detail.replace("[tolerance: unjudged]", f"[tolerance: {t.source}]")
+def _judged(detail: str, source: str, t=None) -> str:
+    """A row's detail judged by ``source`` (``t``'s bounds for :data:`NO_TOLERANCE`, if any)."""
+    for bound in (t.max_abs, t.rel_l2) if t is not None else ():
+        detail = detail.replace(f"({NO_TOLERANCE})", f"({tol_text(bound)})", 1)
+    return detail.split("; unjudged: ")[0].replace("[tolerance: unjudged]",
+                                                   f"[tolerance: {source}]")
 
 
 def by_registry(rows: list[dict], leave_out: frozenset) -> int:
@@ -293,7 +294,7 @@ def by_registry(rows: list[dict], leave_out: frozenset) -> int:
         if r.get("outcome") == UNJUDGED and ((r["check"], None) in leave_out
                                             or (r["check"], r["quantity"]) in leave_out):
             r["outcome"], r["tolerance_source"] = "fail", "registered"
-            r["detail"] = (r.get("detail", "").split("; unjudged: ")[0] + "; no clean sample: "
+            r["detail"] = (_judged(r.get("detail", ""), "registered") + "; no clean sample: "
                            "a registered failure names it, so its xfail entry's bounds judge it")
             done.add((r.get("phase", ""), r["check"], r["quantity"]))
     return len(done)

@@ -49,6 +49,15 @@ FLOOR = 1e-6  # below this a measured error is fp32 rounding of O(1) values, not
 BETA1, BETA2 = 0.9, 0.999  # Adam's betas (torch, MasterAdam and TE FusedAdam defaults)
 
 
+NO_TOLERANCE = "no tolerance"  # a row detail's bound where none is known (NaN: unjudged)
+
+
+def tol_text(bound: float) -> str:
+    """A row detail's bound: ``tol X``, or :data:`NO_TOLERANCE` where there is none -- never
+    ``tol nan``."""
+    return NO_TOLERANCE if math.isnan(bound) else f"tol {bound:g}"
+
+
 @dataclass(frozen=True)
 class Tolerance:
     max_abs: float

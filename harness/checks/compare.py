@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from harness.calibration.tolerances import Tolerance
+from harness.calibration.tolerances import Tolerance, tol_text
 from harness.speed import layers
 
 
@@ -46,8 +46,8 @@ class Comparison:
         return self.max_abs <= tol.max_abs and self.rel_l2 <= tol.rel_l2
 
     def describe(self, tol: Tolerance) -> str:
-        s = (f"max_abs={self.max_abs:.3g} (tol {tol.max_abs:g}), rel_l2={self.rel_l2:.3g} "
-             f"(tol {tol.rel_l2:g}), {self.n_diff}/{self.n_total} elements differ")
+        s = (f"max_abs={self.max_abs:.3g} ({tol_text(tol.max_abs)}), rel_l2={self.rel_l2:.3g} "
+             f"({tol_text(tol.rel_l2)}), {self.n_diff}/{self.n_total} elements differ")
         if tol.source and not tol.bitwise:
             s += f" [tolerance: {tol.source}]"
         if self.first_diff:
