@@ -63,8 +63,9 @@ def _rows(values: dict, outcome="unjudged"):
         for metric, v in (("max_abs", mx), ("rel_l2", rel)):
             rows.append(dict(phase="train" if check != "reshard" else "reshard", check=check,
                              quantity=quantity, metric=metric, value=v, tolerance=math.nan,
-                             outcome=outcome, detail="max_abs=1 (no tolerance), rel_l2=1 (no tolerance), 1/1 "
-                             "elements differ [tolerance: unjudged]; unjudged: no population", tolerance_source="unjudged"))
+                             outcome=outcome, tolerance_source="unjudged",
+                             detail="max_abs=1 (no tolerance), rel_l2=1 (no tolerance), 1/1 "
+                             "elements differ [tolerance: unjudged]; unjudged: no population"))
     rows.append(dict(phase="train", check="fp32_parity", quantity="*", metric="coverage",
                      value=math.nan, tolerance=math.nan, outcome="passed", detail=""))
     return rows
