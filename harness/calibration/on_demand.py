@@ -233,7 +233,7 @@ def rejudge(case, rows: list[dict], device: str, pg_backend: str, measured: dict
                 r["tolerance"] = limit[r["metric"]]
             r["outcome"] = "pass" if ok else "fail"
             r["tolerance_source"] = t.source
-            r["detail"] = _judged(r.get("detail", ""), t.source, t)
+            r["detail"] = _judged(r.get("detail", ""), t.source, (t.max_abs, t.rel_l2))
         if not ok:
             failed_units.add((phase, check))
     for r in rows:
@@ -277,9 +277,9 @@ def reproduces(first: dict | None, packaged_p99: float) -> str | None:
             f"{packaged_p99:.3g}: the code under test moved (no second round)")
 
 
-def _judged(detail: str, source: str, t=None) -> str:
-    """A row's detail judged by ``source`` (``t``'s bounds for :data:`NO_TOLERANCE`, if any)."""
-    for bound in (t.max_abs, t.rel_l2) if t is not None else ():
+def _judged(detail: str, source: str, bounds: tuple = ()) -> str:
+    """A row's detail judged by ``source`` (``bounds`` in turn for :data:`NO_TOLERANCE`)."""
+    for bound in bounds:
         detail = detail.replace(f"({NO_TOLERANCE})", f"({tol_text(bound)})", 1)
     return detail.split("; unjudged: ")[0].replace("[tolerance: unjudged]",
                                                    f"[tolerance: {source}]")

@@ -32,6 +32,19 @@ def require_te():
     return require
 
 
+def _run_plugin(args: list[str], out: Path, timeout_s: float):
+    """``pytest -p harness.plugin -q ARGS --report-dir OUT`` as a user runs it, in a subprocess
+    that imports this checkout; (the finished process, its summary.csv, its history) -- the
+    frames None where the run wrote none."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", *args,
+                           "--report-dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    summary, history = (next(out.glob(g), None) for g in ("runs/*/summary.csv",
+                                                          "history/*.parquet"))
+    return proc, summary and pd.read_csv(summary), history and pd.read_parquet(history)
+
+
 @pytest.fixture(scope="session")
 def run_matrix(tmp_path_factory):
     """``run_matrix(name, cases, *options, timeout_s, scenario, backend)``: ``pytest --scenario
@@ -40,17 +53,10 @@ def run_matrix(tmp_path_factory):
     process, its summary.csv, its history) -- the frames None where the run wrote none."""
     def run(name: str, cases: list[str], *options: str, timeout_s: float,
             scenario: str = "fsdp2_tp_dcp", backend: str = "te"):
-        out = tmp_path_factory.mktemp(name)
-        cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q", "-p",
-               "no:cacheprovider", "--scenario", scenario, "--backend", backend, *options,
-               *(f"scenarios/{scenario}.yaml::{scenario}[{c}]" for c in cases),
-               "--report-dir", str(out)]
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                              env=env)
-        summary, history = (next(out.glob(g), None) for g in ("runs/*/summary.csv",
-                                                              "history/*.parquet"))
-        return (proc, summary and pd.read_csv(summary), history and pd.read_parquet(history))
+        return _run_plugin(["-p", "no:cacheprovider", "--scenario", scenario, "--backend",
+                            backend, *options,
+                            *(f"scenarios/{scenario}.yaml::{scenario}[{c}]" for c in cases)],
+                           tmp_path_factory.mktemp(name), timeout_s)
     return run
 
 
@@ -61,12 +67,7 @@ def run_scenario_file(tmp_path):
     measured on demand stay in the test); (its output, its history -- None where it wrote
     none)."""
     def run(scenario: Path, timeout_s: float):
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-q",
-                               "--scenario", str(scenario), "--backend", "te", "--report-dir",
-                               str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                              env=env)
-        history = next((tmp_path / "history").glob("*.parquet"), None)
-        return proc.stdout + proc.stderr, history and pd.read_parquet(history)
+        proc, _, history = _run_plugin(["--scenario", str(scenario), "--backend", "te", "-o",
+                                        f"cache_dir={tmp_path / 'cache'}"], tmp_path, timeout_s)
+        return proc.stdout + proc.stderr, history
     return run
