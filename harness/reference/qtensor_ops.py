@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.reference.fixes import to_copy_keeps_subclass
+from harness.reference.fixes import partial_slice_view, to_copy_keeps_subclass
 
 aten = torch.ops.aten
 
@@ -48,6 +48,16 @@ def _slice(t, dim=0, start=None, end=None, step=1):
     shape = list(t.shape)
     shape[dim] = end - start
     return _like(t, shape, parts)
+
+
+def _slice_op(t, dim=0, start=None, end=None, step=1):
+    """``aten.slice``; a partial slice of a blocked format without the fix: a dequantized copy
+    (the fallback), as TE 2.20.2 makes it."""
+    size = t.shape[dim % t.dim()]
+    whole = (start or 0) in (0, -size) and (end is None or end >= size)
+    if not partial_slice_view.keeps_view(t._codec.name, whole):
+        return NotImplemented
+    return _slice(t, dim, start, end, step)
 
 
 def _split(t, split_size, dim=0):
@@ -155,7 +165,7 @@ def _zero_(t):
 
 _OPS = {
     aten.detach.default: _alias, aten.alias.default: _alias, aten.view.default: _view,
-    aten._unsafe_view.default: _view, aten.slice.Tensor: _slice, aten.split.Tensor: _split,
+    aten._unsafe_view.default: _view, aten.slice.Tensor: _slice_op, aten.split.Tensor: _split,
     aten.split_with_sizes.default: _split_with_sizes, aten.as_strided.default: _as_strided,
     aten.copy_.default: _copy_, aten.new_zeros.default: _new_zeros,
     aten.new_empty.default: _new_empty, aten.empty_like.default: _empty_like,

@@ -114,6 +114,26 @@ def test_fallback_ops_compute_on_dequantized_values():
 
 
 # --- the fixes, on and off -------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", ["block", "mxfp8", "nvfp4"])
+def test_a_partial_slice_is_a_view_a_load_writes_through(recipe):
+    """DCP loads a saved chunk into ``target.narrow(...)``: with the fix the copy writes into the
+    target's blocks; without it (TE 2.20.2's blocked tensors) that narrow is a dequantized copy
+    and the chunk is lost. Slices of the whole dim, and per-tensor FP8, stay views either way."""
+    _, chunk = q(recipe, (128, 128), seed=1)
+    _, t = q(recipe, (256, 128))
+    t.narrow(0, 128, 128).copy_(chunk)
+    assert torch.equal(t.dequantize()[128:], chunk.dequantize())
+    fixes.configure("no_partial_slice_view")
+    _, t = q(recipe, (256, 128))
+    before = t.dequantize().clone()
+    part = t.narrow(0, 128, 128)
+    assert type(part) is torch.Tensor
+    part.copy_(chunk)
+    assert torch.equal(t.dequantize(), before)  # the chunk went into the copy
+    assert isinstance(t.narrow(0, 0, 256), QuantizedTensor)
+    assert isinstance(q("current", (256, 128))[1].narrow(0, 128, 128), QuantizedTensor)
+
+
 def test_empty_untyped_storage():
     _, t = q()
     assert t.untyped_storage().size() == 0 and t.untyped_storage().data_ptr() == 0

@@ -1,4 +1,5 @@
-"""The TransformerEngine fixes the harness is built around, as small toggleable reference code.
+"""The TransformerEngine fixes the harness is built around, as small toggleable reference code
+(and one that TE does not have yet: ``partial_slice_view``).
 
 Each module here holds one fix: the fixed behaviour and, next to it, the behaviour before the
 fix (what TE did before the pull request). A case's ``fixes`` axis turns them on or off:
