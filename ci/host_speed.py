@@ -1,6 +1,7 @@
 """A host's per-core speed, the parts a rank's time is made of (medians of 3): a Python loop,
 torch's CPU dispatch, CUDA launches, gloo all_reduce latency between 2 local processes.
-Usage: python ci/host_speed.py  (docs/performance.md, "Where the 2-GPU time goes")."""
+Usage: python ci/host_speed.py from the checkout (docs/performance.md; the bench records
+the Python loop of harness/report/host_speed.py)."""
 import os
 import statistics
 import time
@@ -8,6 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from harness.report.host_speed import LOOP_STEPS, python_loop_s
 
 
 def median_s(fn, n=3):
@@ -41,7 +44,7 @@ def dispatch():
 
 
 if __name__ == "__main__":
-    print(f"python loop 3M: {median_s(lambda: sum(i * i for i in range(3_000_000))):.3f} s")
+    print(f"python loop {LOOP_STEPS:,}: {python_loop_s():.3f} s")
     print(f"torch.add x100k (CPU): {median_s(dispatch):.3f} s")
     if torch.cuda.is_available():
         c = torch.ones(16, device="cuda")

@@ -72,6 +72,7 @@ def test_a_benchmark_run_writes_its_figures(tmp_path):
     assert s["cpu_busy_timeline"] and all(0 <= v <= 1 for _, v in s["cpu_busy_timeline"])
     assert {u["unit"] for u in s["units"]} >= {"train", "save", "load", "fp32_parity"}
     assert "host CPUs busy" in p.stdout
+    assert s["host_python_loop_s"] > 0 and "for a Python loop of 3,000,000 steps" in p.stdout
 
 
 def test_a_train_phase_cases_share_counts_once_in_the_units():

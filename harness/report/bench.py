@@ -11,12 +11,11 @@ reads that run's history and launch records and prints:
   figure (``valid`` false, exit status 1: a failing case may end early);
 * the launches' own phases (process start, imports, process group, backend import, waiting
   for the first task, waiting after the last one for a task that never came, teardown) and
-  the share of wall time no task ran (launch overhead: the union of the launches' task
-  intervals against the wall);
-* seconds per producer and check (summed over cases, the slowest rank each; a train phase
-  cases share counted once), total and per case;
+  the share of wall time no task ran (launch overhead: the launches' task intervals' union);
+* seconds per producer and check (summed over cases, the slowest rank each; a shared train
+  phase once), total and per case;
 * the GPUs' busy share (``nvidia-smi`` every 0.5 s; the GPUs ``CUDA_VISIBLE_DEVICES`` leaves);
-* the host's CPUs' busy share (``/proc/stat``): the mean and one value every 2 s.
+* the host's CPUs' busy share (``/proc/stat``: the mean, a value every 2 s); a core's speed.
 
 ``--out DIR`` (default ``reports/bench``) gets ``<label>.json`` with all of it. pytest runs with
 its cache, as a user's run does: the scheduler weighs the tasks by their seconds in the last run
@@ -42,7 +41,7 @@ import pandas as pd
 
 from harness.calibration import derive
 from harness.launch.tasks import END_PHASES, START_PHASES, task_wall
-from harness.report import outfile, scaling
+from harness.report import host_speed, outfile, scaling
 
 PHASES = START_PHASES + END_PHASES
 
@@ -202,7 +201,8 @@ def render(label: str, s: dict) -> str:
         shares = [v for _, v in s["cpu_busy_timeline"]]
         lines.append(f"  host CPUs busy: {s['cpu_busy_share']:.0%} of {s['cpu_count']} over the "
                      f"run; at least 90% in {sum(v >= 0.9 for v in shares)} of {len(shares)} "
-                     f"samples")
+                     f"samples; a core: {s.get('host_python_loop_s')} s for a Python loop of "
+                     f"{host_speed.LOOP_STEPS:,} steps")
     if s.get("session_s"):
         lines.append("  pytest alone (s): " + ", ".join(f"{k} {v:.1f}"
                                                       for k, v in s["session_s"].items()))
@@ -234,8 +234,7 @@ def target(label: str, out: str, force: bool) -> Path:
 
 
 def report_dir_arg(pytest_args: list[str]) -> tuple[str | None, list[str]]:
-    """The ``--report-dir`` the pytest arguments give (either spelling), and the arguments
-    without it."""
+    """The ``--report-dir`` the pytest arguments give (either spelling), the rest without it."""
     out, given, skip = [], None, False
     for i, a in enumerate(pytest_args):
         if skip:
@@ -270,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     given, pytest_args = report_dir_arg(pytest_args)
+    loop_s = host_speed.python_loop_s()  # before the run: its processes would slow it
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         report_dir = given or tmp  # a --report-dir in the arguments keeps the run's files
         argv = pytest_argv(pytest_args, report_dir, args.no_cache)
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     s = summarize(df, meta, wall, sampler, t0)
     # a run with failures is no benchmark: its figure is printed and written, marked invalid
     s.update(label=args.label, command=" ".join(["pytest", *pytest_args]), pytest_exit=rc,
-             valid=rc == 0 and not s["outcomes"].get("failed", 0))
+             valid=rc == 0 and not s["outcomes"].get("failed", 0), host_python_loop_s=loop_s)
     print(render(args.label, s))
     try:
         outfile.write_text("--out", dest, json.dumps(s, separators=(",", ":"), default=str),

@@ -1,0 +1,22 @@
+"""A host's per-core speed, which the bench records beside its figure: the same code ran each
+process 1.8-2.2x slower on one GPU host kind than on another (docs/performance.md), so a figure
+names its host's speed, and two figures from hosts of unlike speed are not read as two versions
+of the code."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+LOOP_STEPS = 3_000_000
+
+
+def python_loop_s(repeats: int = 3, steps: int = LOOP_STEPS) -> float:
+    """The median seconds of a pure-Python loop of ``steps`` steps on one core (``repeats``
+    runs): the part of a rank's time that follows the host's cores most."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        sum(i * i for i in range(steps))
+        times.append(time.perf_counter() - t)
+    return round(statistics.median(times), 4)
