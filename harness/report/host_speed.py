@@ -1,5 +1,5 @@
-"""A host's per-core speed, which the bench records beside its figure: the same code ran each
-process 1.8-2.2x slower on one GPU host kind than on another (docs/performance.md), so a figure
+"""A host's per-core speed, which the bench records beside its figure: the same code runs each
+process markedly slower on some GPU host kinds than on others (docs/performance.md), so a figure
 names its host's speed, and two figures from hosts of unlike speed are not read as two versions
 of the code."""
 
