@@ -3,23 +3,13 @@ torch's CPU dispatch, CUDA launches, gloo all_reduce latency between 2 local pro
 Usage: python ci/host_speed.py from the checkout (docs/performance.md; the bench records
 the Python loop of harness/report/host_speed.py)."""
 import os
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from harness.report.host_speed import LOOP_STEPS, python_loop_s
-
-
-def median_s(fn, n=3):
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
+from harness.report.host_speed import LOOP_STEPS, median_s, python_loop_s
 
 
 def gloo_rank(rank, q):

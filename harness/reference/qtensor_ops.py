@@ -36,14 +36,20 @@ def _view(t, size, *_, **__):
     return NotImplemented  # a real reshape of blocked data: dequantize (like TE)
 
 
-def _slice(t, dim=0, start=None, end=None, step=1):
-    if step != 1:
-        return NotImplemented
+def _bounds(t, dim, start, end) -> tuple[int, int, int]:
+    """``aten.slice``'s dim, start and end on ``t``, made whole and non-negative."""
     dim = dim % t.dim()
     size = t.shape[dim]
     start = 0 if start is None else (start + size if start < 0 else min(start, size))
     end = size if end is None else (end + size if end < 0 else min(end, size))
-    end = max(end, start)
+    return dim, start, max(end, start)
+
+
+def _slice(t, dim=0, start=None, end=None, step=1):
+    if step != 1:
+        return NotImplemented
+    dim, start, end = _bounds(t, dim, start, end)
+    size = t.shape[dim]
     parts = {k: t._codec.slice_part(k, v, dim, start, end, size) for k, v in t._parts.items()}
     shape = list(t.shape)
     shape[dim] = end - start
@@ -53,9 +59,8 @@ def _slice(t, dim=0, start=None, end=None, step=1):
 def _slice_op(t, dim=0, start=None, end=None, step=1):
     """``aten.slice``; a partial slice of a blocked format without the fix: a dequantized copy
     (the fallback), as TE 2.20.2 makes it."""
-    size = t.shape[dim % t.dim()]
-    whole = (start or 0) in (0, -size) and (end is None or end >= size)
-    if not partial_slice_view.keeps_view(t._codec.name, whole):
+    d, lo, hi = _bounds(t, dim, start, end)
+    if not partial_slice_view.keeps_view(t._codec.name, (lo, hi) == (0, t.shape[d])):
         return NotImplemented
     return _slice(t, dim, start, end, step)
 

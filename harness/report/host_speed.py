@@ -11,12 +11,17 @@ import time
 LOOP_STEPS = 3_000_000
 
 
-def python_loop_s(repeats: int = 3, steps: int = LOOP_STEPS) -> float:
-    """The median seconds of a pure-Python loop of ``steps`` steps on one core (``repeats``
-    runs): the part of a rank's time that follows the host's cores most."""
+def median_s(fn, repeats: int = 3) -> float:
+    """The median seconds of ``repeats`` calls of ``fn``."""
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        sum(i * i for i in range(steps))
+        fn()
         times.append(time.perf_counter() - t)
-    return round(statistics.median(times), 4)
+    return statistics.median(times)
+
+
+def python_loop_s(repeats: int = 3, steps: int = LOOP_STEPS) -> float:
+    """The median seconds of a pure-Python loop of ``steps`` steps on one core (``repeats``
+    runs): the part of a rank's time that follows the host's cores most."""
+    return round(median_s(lambda: sum(i * i for i in range(steps)), repeats), 4)
