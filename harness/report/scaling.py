@@ -7,7 +7,7 @@ world w runs on ``L(w, G)`` lanes, the count a launcher of that host gives it fo
 tasks (launch/launcher.py, placement.py: NCCL where w GPUs are free, else shared over gloo;
 lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model::
 
-    wall(G) = session + start + max over pools of  f * ((W - F) / L(w, G) + F / n * r)
+    wall(G) = session + start(G) + max over pools of  f * ((W - F) / L(w, G) + F / n * r) + end
 
 * ``W``: the pool's task seconds summed (each task's seconds in the run, its first rank's);
 * ``F``: what of ``W`` the pool's ``n`` launches paid for first uses -- each launch's first
@@ -18,17 +18,22 @@ lanes per GPU, bounded by ``--max-ranks`` rank processes on the host). The model
 * ``f = 1 + LOAD_SHARE * (load - 1)``, ``load`` the rank processes a GPU holds on the
   predicted host over the run's host's: the share :data:`LOAD_SHARE` of a task's seconds
   follows it, fitted on hosts of one family whose cores grow with their GPUs;
-* ``start``: a launch's start (process, imports, CUDA context, process groups, backend), the
-  median over the run's launches -- the lanes start at once;
+* ``start(G)``: a launch's start (process, imports, CUDA context, process groups, backend), the
+  median over the run's launches -- the lanes start at once -- with two parts that follow the
+  predicted host's lanes: the CUDA context in proportion to the ranks the lanes start at once
+  (contexts made together share the driver's time host-wide: ``R(G) / R``), and
+  :data:`NCCL_GROUP_S` for each NCCL lane more than the run started (an NCCL communicator
+  each, formed while the others form theirs);
+* ``end``: a launch's teardown, the median over the run's launches (the bound lane's last
+  launch ends before pytest does);
 * ``session``: pytest's own time before the first launch and after the last one.
 
-Ranks over the whole host cost too (their CUDA contexts start one after another), and where
-they differ much from the run's the prediction misses: docs/performance.md ("The scaling
-model") checks it against measured hosts. It does not know that a task moves from shared gloo
-to NCCL (a 2-rank case on one GPU vs two: a process group, contexts and teardown of its own):
-such pools are named (``backend_changes``). Nor that a pool's seconds depend on the other
-pools' lanes (CPU priorities, a host's busy cores). ``(W - F) / L`` is perfect balance: the
-longest task and the scheduler's order add to it.
+docs/performance.md ("The scaling model") checks it against measured hosts. Pools whose
+backend differs from the run's are named (``backend_changes``): their task seconds are the
+run's gloo ones, and NCCL's teardown is taken as the run's. It does not know that a pool's
+seconds depend on the other pools' lanes (CPU priorities, a host's busy cores), nor another
+host kind's cores. ``(W - F) / L`` is perfect balance: the longest task and the scheduler's
+order add to it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ GPU_COUNTS = (1, 2, 4, 8)
 # cores): fitted on one and two H200s, checked on another day's pair -- docs/performance.md
 LOAD_SHARE = 0.64
 LAUNCHES_PER_GPU = 4  # plugin/execution.py's default
+# a launch's process group, for each NCCL lane the host starts at once: the median of 25 runs
+# of the 2-rank half over NCCL on 2 H200s (5 to 12 lanes) -- docs/performance.md
+NCCL_GROUP_S = 0.14
 
 
 def launcher_for(tasks: list[dict], gpus: int, acc: layers.Accelerations, max_ranks: int,
@@ -130,28 +138,44 @@ def first_use(tasks: list[dict], excess: dict[str, float] | None = None) -> dict
             for k, v in out.items()}
 
 
-def start_s(launches: list[dict]) -> float:
-    """A launch's start: the median over the run's launches that ran a task."""
-    starts = [sum(rec["phases"].get(p, 0.0) for p in START_PHASES)
-              for rec in launches if rec.get("phases") and rec.get("tasks")]
-    return median(starts) if starts else 0.0
+def launch_parts(launches: list[dict]) -> dict[str, float]:
+    """Medians over the run's launches that ran a task: a launch's ``start``, the
+    ``cuda_context`` part of it, and its ``teardown``."""
+    ran = [rec["phases"] for rec in launches if rec.get("phases") and rec.get("tasks")]
+
+    def mid(values) -> float:
+        return median(values) if values else 0.0
+    return dict(start=mid([sum(ph.get(p, 0.0) for p in START_PHASES) for ph in ran]),
+                cuda_context=mid([ph.get("cuda_context", 0.0) for ph in ran]),
+                teardown=mid([ph.get("teardown", 0.0) for ph in ran]))
+
+
+def lanes_at_once(launcher: Launcher, by_pool) -> tuple[int, int]:
+    """(rank processes, NCCL lanes) the lanes of ``by_pool`` start at once on ``launcher``'s
+    host."""
+    nccl = sum(len(launcher.slots(w, pg)) for w, pg in by_pool if pg == "nccl")
+    return launcher.ranks(by_pool), nccl
 
 
 def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int,
             acc: layers.Accelerations = layers.ALL, max_ranks: int = 0,
-            run_ranks_per_gpu: float = 0.0, launches_per_gpu: int = LAUNCHES_PER_GPU,
-            relaunch: float = 1.0, excess: dict[str, float] | None = None, **host) -> dict:
+            run_at_once: tuple[int, int] = (0, 0), run_gpus: int = 0,
+            launches_per_gpu: int = LAUNCHES_PER_GPU, relaunch: float = 1.0,
+            excess: dict[str, float] | None = None, **host) -> dict:
     """The predicted wall on ``gpus`` GPUs (``host``: :func:`launcher_for`'s seconds and
     cores): its parts and the pool that bounds it. A pool's first uses are paid per launch (its
     run's first-use seconds over the launches that paid them, ``relaunch`` launches a lane),
     the rest shared by its lanes (``excess``: :func:`first_use_excess` of ``tasks``, computed
-    where not given). Where the ranks a GPU of the run's host held are given, its
-    task seconds follow the ranks a GPU holds on the predicted host against them by
-    :data:`LOAD_SHARE`."""
+    where not given). Where the run's host (``run_gpus``) and what its lanes started at once
+    (``run_at_once``: :func:`lanes_at_once`) are given, its task seconds follow the ranks a GPU
+    holds on the predicted host against the run's by :data:`LOAD_SHARE`, and a launch's CUDA
+    context and process group the lanes started at once (the module's docstring)."""
     launcher = launcher_for(tasks, gpus, acc, max_ranks, launches_per_gpu, **host)
     by_pool = pools(tasks, gpus, first_use_excess(tasks) if excess is None else excess)
     work = {}
-    load = launcher.ranks(by_pool) / gpus / run_ranks_per_gpu if run_ranks_per_gpu else 1.0
+    ranks, nccl = lanes_at_once(launcher, by_pool)
+    run_ranks, run_nccl = run_at_once if run_gpus and run_at_once[0] else (ranks, nccl)
+    load = ranks / gpus / (run_ranks / run_gpus) if run_gpus and run_ranks else 1.0
     f = LOAD_SHARE * (load - 1) + 1
     for (world, pg), pool in by_pool.items():
         n = max(len(launcher.slots(world, pg)), 1)
@@ -161,11 +185,14 @@ def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int
         work[f"{world}/{pg}"] = dict(seconds=round(steady + first * n, 2), lanes=n,
                                      per_lane_s=round(steady / n + first, 2),
                                      first_use_s=round(first, 2))
-    start = start_s(launches)
+    parts = launch_parts(launches)
+    start = parts["start"] + parts["cuda_context"] * (ranks / run_ranks - 1 if run_ranks else 0) \
+        + NCCL_GROUP_S * (nccl - run_nccl)
     bound = max(work, key=lambda k: work[k]["per_lane_s"]) if work else ""
-    wall = session_s + start + (work[bound]["per_lane_s"] if bound else 0.0)
+    wall = session_s + start + (work[bound]["per_lane_s"] if bound else 0.0) + parts["teardown"]
     return dict(gpus=gpus, wall_s=round(wall, 1), session_s=round(session_s, 1),
-                start_s=round(start, 1), bound_by=bound, load=round(load, 2), pools=work)
+                start_s=round(start, 1), end_s=round(parts["teardown"], 1), bound_by=bound,
+                load=round(load, 2), ranks_at_once=ranks, nccl_lanes=nccl, pools=work)
 
 
 def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -> dict | None:
@@ -193,14 +220,14 @@ def model(meta: dict, session: dict, measured_wall: float, measured_gpus: int) -
 
     run = launcher_for(tasks, measured_gpus, acc, max_ranks, lpg, **host(measured_gpus))
     run_pools = pools(tasks, measured_gpus)
-    run_load = run.ranks(run_pools) / measured_gpus
+    at_once = lanes_at_once(run, run_pools)
     lanes = sum(len(run.slots(*p)) for p in run_pools)
     launched = len({t["launch"] for t in tasks if t.get("launch")})
     relaunch = max(1.0, launched / lanes) if lanes and launched else 1.0  # launches a lane
     excess = first_use_excess(tasks)
     out = {"measured": dict(gpus=measured_gpus, wall_s=round(measured_wall, 1)),
            "predicted": [predict(tasks, meta.get("launches", []), sess, g, acc, max_ranks,
-                                 run_load, lpg, relaunch, excess, **host(g))
+                                 at_once, measured_gpus, lpg, relaunch, excess, **host(g))
                          for g in GPU_COUNTS]}
     for p in out["predicted"]:
         p["backend_changes"] = sorted(set(p["pools"]) - pgs)
@@ -212,7 +239,7 @@ def render(m: dict) -> list[str]:
     """Lines for the bench's printout: a prediction per GPU count, the measured one beside."""
     got = m["measured"]
     lines = ["  scaling model (report/scaling.py; wall = pytest + a launch's start + the "
-             "slowest pool's seconds per lane):"]
+             "slowest pool's seconds per lane + a launch's end):"]
     for p in m["predicted"]:
         mark = f"   measured {got['wall_s']:.1f} s" if p["gpus"] == got["gpus"] else ""
         changes = f"; NCCL/gloo differ from the run: {', '.join(p['backend_changes'])}" \
@@ -222,7 +249,7 @@ def render(m: dict) -> list[str]:
         lines.append(f"    {p['gpus']} GPU(s): {p['wall_s']:6.1f} s = {p['session_s']} + "
                      f"{p['start_s']} + {p['bound_by']} {pool['per_lane_s']} s a lane "
                      f"({pool['seconds']} s in {pool['lanes']} lanes{first}; load x{p['load']})"
-                     f"{mark}{changes}")
+                     f" + {p.get('end_s', 0.0)}{mark}{changes}")
     uses = [f"{pool} {u['seconds']} s in {u['launches']} launch(es)"
             for pool, u in (m.get("first_use") or {}).items()]
     if uses:

@@ -38,11 +38,15 @@ def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
                             "8/gloo": dict(seconds=20.0, lanes=2, per_lane_s=10.0, **no_first)}
     assert (one["wall_s"], one["bound_by"], one["start_s"]) == (5.0 + 3.0 + 10.0, "8/gloo", 3.0)
     assert two["pools"]["2/nccl"]["lanes"] == 10 and two["pools"]["8/gloo"]["lanes"] == 4
-    assert two["wall_s"] == 5.0 + 3.0 + 5.0 and two["backend_changes"] == ["2/nccl"]
-    assert four["pools"]["8/gloo"]["lanes"] == 8 and four["wall_s"] == 5.0 + 3.0 + 2.5
+    # each of the 10 NCCL lanes forms a communicator while the others form theirs
+    assert (two["nccl_lanes"], two["start_s"]) == (10, round(3.0 + 10 * scaling.NCCL_GROUP_S, 1))
+    assert two["wall_s"] == round(5.0 + 3.0 + 10 * scaling.NCCL_GROUP_S + 5.0, 1)
+    assert two["backend_changes"] == ["2/nccl"]
+    assert four["pools"]["8/gloo"]["lanes"] == 8 and four["nccl_lanes"] == 20
+    assert four["wall_s"] == round(5.0 + 3.0 + 20 * scaling.NCCL_GROUP_S + 2.5, 1)
     text = "\n".join(scaling.render(m))
     assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 10.0 s a lane (20.0 s in 2 lanes; load x1.0)" \
-        "   measured 16.0 s" in text
+        " + 0.0   measured 16.0 s" in text
     assert "NCCL/gloo differ from the run: 2/nccl" in text
     # without lanes_per_gpu a slice of 2 GPUs took one GPU's lanes: the 2-rank pool 5
     plain = scaling.model({**meta, "accelerations": "all but lanes_per_gpu"}, {}, 16.0, 1)
@@ -191,3 +195,26 @@ def test_a_run_that_knew_its_seconds_gives_a_costly_module_more_lanes_as_its_hos
     assert first["predicted"][0]["pools"]["2/gloo"]["lanes"] == 5
     few = scaling.model({**meta, "cpu_count": 8}, {}, 9.0, 1)  # 14 ranks on 8 cores: none
     assert few["predicted"][0]["pools"]["2/gloo"]["lanes"] == 5
+
+
+def test_a_launch_s_context_follows_the_ranks_started_at_once_and_its_end_is_paid_once():
+    """Contexts made together share the driver's time host-wide (docs/performance.md): a run
+    whose lanes started 26 ranks at once and whose launches took 2.6 s of CUDA context (of a
+    3.0 s start) and 1.2 s of teardown. A host that starts 52 ranks at once takes 5.2 s of
+    context, one that starts 16 takes 1.6 s; the teardown of the bound lane's last launch
+    adds to every prediction."""
+    tasks = [_task(2, (2,), m, 1.0) for m in MODULES for _ in range(2)]  # 10 s, 5 lanes
+    tasks += [_task(8, (8,), m, 4.0) for m in MODULES]  # 20 s, 2 lanes: 10 + 16 ranks
+    phases = dict(process_start=0.4, cuda_context=2.6, teardown=1.2)
+    meta = dict(tasks=tasks, launches=[dict(tasks=1, phases=phases)] * 3, accelerations="all")
+    m = scaling.model(meta, {}, 14.0, 1)
+    one, two = m["predicted"][:2]
+    assert (one["ranks_at_once"], one["start_s"], one["end_s"]) == (26, 3.0, 1.2)
+    assert one["wall_s"] == 3.0 + 10.0 + 1.2
+    assert two["ranks_at_once"] == 10 * 2 + 4 * 8  # the 2-rank pool over NCCL, 8-rank shared
+    assert two["start_s"] == round(3.0 + 2.6 * (52 / 26 - 1) + 10 * scaling.NCCL_GROUP_S, 1)
+    assert two["wall_s"] == round(two["start_s"] + two["pools"]["8/gloo"]["per_lane_s"] + 1.2, 1)
+    # the same run measured on two GPUs: its own host's start is the run's, one GPU's less
+    back = scaling.model(meta, {}, 14.0, 2)["predicted"]
+    assert back[1]["start_s"] == 3.0 and back[0]["start_s"] == round(
+        3.0 + 2.6 * (26 / 52 - 1) - 10 * scaling.NCCL_GROUP_S, 1)
