@@ -90,10 +90,6 @@ LAYERS = (
           "contexts the largest world first, each tier after the one before (bounded wait); "
           "plain: every rank at once", "launch/context_order.py, worker/context_gate.py",
           "CPU runs; a host of one GPU (slower there); more than one node"),
-    Layer("compile_warmup", "on GPU, a rank imports torch.compile's stack (Dynamo, AOT "
-          "autograd, Inductor) in a thread while it waits for its CUDA context and process "
-          "groups, done before its first task; plain: at the first compile of its first case",
-          "speed/compile_warmup.py, worker/main.py (_init)", "CPU runs"),
     Layer("compare_fast_path", "comparisons of equal or all-finite tensors on the CPU without "
           "the general formula's masks; plain: the general formula", "checks/compare.py "
           "(_equal_stats, _finite_stats)"),

@@ -121,11 +121,8 @@ def _init(plan: dict, timeline: dict, log_path: str):
     import torch.distributed as dist
 
     from harness import backends
-    from harness.speed import compile_warmup, layers
     from harness.worker import context_gate
     timeline["imports"] = time.time()
-    warmup = compile_warmup.start(plan["backend"]) \
-        if plan["device"] == "cuda" and layers.active("compile_warmup") else None
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -170,7 +167,6 @@ def _init(plan: dict, timeline: dict, log_path: str):
         stager.prestart(async_group)
     backend = backends.get(plan["backend"])
     backend.preload()  # the library under test (TE) imports here, not inside the first case
-    compile_warmup.finish(warmup)
     timeline["backend"] = time.time()
     return Context(rank, world, local_rank, device, device.type, control, exchange, async_group,
                    backend)
