@@ -241,7 +241,9 @@ def render(m: dict) -> list[str]:
     lines = ["  scaling model (report/scaling.py; wall = pytest + a launch's start + the "
              "slowest pool's seconds per lane + a launch's end):"]
     for p in m["predicted"]:
-        mark = f"   measured {got['wall_s']:.1f} s" if p["gpus"] == got["gpus"] else ""
+        off = p["wall_s"] / got["wall_s"] - 1 if got["wall_s"] else 0.0
+        mark = f"   measured {got['wall_s']:.1f} s (the model {off:+.0%})" \
+            if p["gpus"] == got["gpus"] else ""
         changes = f"; NCCL/gloo differ from the run: {', '.join(p['backend_changes'])}" \
             if p["backend_changes"] else ""
         pool = p["pools"][p["bound_by"]]

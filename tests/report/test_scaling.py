@@ -46,7 +46,7 @@ def test_the_wall_is_the_session_a_start_and_the_slowest_pool_per_lane():
     assert four["wall_s"] == round(5.0 + 3.0 + 20 * scaling.NCCL_GROUP_S + 2.5, 1)
     text = "\n".join(scaling.render(m))
     assert "1 GPU(s):   18.0 s = 5.0 + 3.0 + 8/gloo 10.0 s a lane (20.0 s in 2 lanes; load x1.0)" \
-        " + 0.0   measured 16.0 s" in text
+        " + 0.0   measured 16.0 s (the model +12%)" in text
     assert "NCCL/gloo differ from the run: 2/nccl" in text
     # without lanes_per_gpu a slice of 2 GPUs took one GPU's lanes: the 2-rank pool 5
     plain = scaling.model({**meta, "accelerations": "all but lanes_per_gpu"}, {}, 16.0, 1)
