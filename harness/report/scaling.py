@@ -174,8 +174,9 @@ def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int
     by_pool = pools(tasks, gpus, first_use_excess(tasks) if excess is None else excess)
     work = {}
     ranks, nccl = lanes_at_once(launcher, by_pool)
-    run_ranks, run_nccl = run_at_once if run_gpus and run_at_once[0] else (ranks, nccl)
-    load = ranks / gpus / (run_ranks / run_gpus) if run_gpus and run_ranks else 1.0
+    given = bool(run_gpus and run_at_once[0])  # else: the run's host is the predicted one
+    run_ranks, run_nccl = run_at_once if given else (ranks, nccl)
+    load = ranks / gpus / (run_ranks / run_gpus) if given else 1.0
     f = LOAD_SHARE * (load - 1) + 1
     for (world, pg), pool in by_pool.items():
         n = max(len(launcher.slots(world, pg)), 1)
@@ -186,7 +187,7 @@ def predict(tasks: list[dict], launches: list[dict], session_s: float, gpus: int
                                      per_lane_s=round(steady / n + first, 2),
                                      first_use_s=round(first, 2))
     parts = launch_parts(launches)
-    start = parts["start"] + parts["cuda_context"] * (ranks / run_ranks - 1 if run_ranks else 0) \
+    start = parts["start"] + parts["cuda_context"] * (ranks / run_ranks - 1 if given else 0) \
         + NCCL_GROUP_S * (nccl - run_nccl)
     bound = max(work, key=lambda k: work[k]["per_lane_s"]) if work else ""
     wall = session_s + start + (work[bound]["per_lane_s"] if bound else 0.0) + parts["teardown"]
