@@ -61,9 +61,6 @@ class LaunchRecord:
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM / Launcher.stop
     # the agents failed before any task started; "retried": its tasks went to a new launch
     start_failed: str = ""  # "" | "retried" | "reported" (the tasks' results say crash)
-    # started before its lane had tasks (overlapping pytest's collection or another lane's
-    # work): "used" once a lane took it, "unused" when none did (its processes were ended)
-    early: str = ""  # "" | "used" | "unused"
     # where the launch's own time went (seconds; python -m harness bench): process start,
     # imports, process group, backend (TE) import, before the first task, after the last
     phases: dict = field(default_factory=dict)
@@ -100,5 +97,5 @@ def task_wall(launches: list[dict]) -> float:
     intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in START_PHASES),
                   rec["ended"] - sum(rec["phases"].get(p, 0) for p in END_PHASES))
                  for rec in launches if rec.get("started") and rec.get("phases")
-                 and rec.get("tasks")]  # a launch that ran none (early, unused) ran no task
+                 and rec.get("tasks")]  # a launch that ran none ran no task
     return _union([(a, b) for a, b in intervals if b > a])

@@ -19,7 +19,7 @@ from harness.verdict import mutation_score
 
 LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
                  "timed_out", "gpus", "killed", "leaked", "gpu_held", "interrupted", "phases",
-                 "started", "ended", "start_failed", "early")
+                 "started", "ended", "start_failed")
 
 
 class RunRecord:
@@ -169,13 +169,6 @@ def _launches(tr, recs: list[dict], wall: float) -> None:
                       + ", ".join(f"{n} x world {w}" for w, n in sorted(per_world.items()))
                       + f"); launch overhead (no task running) {idle:.1f}s = "
                         f"{100 * idle / max(wall, 1e-9):.0f}% of {wall:.1f}s wall")
-        early = Counter(r.get("early") for r in recs if r.get("early"))
-        if early:
-            unused = [r["name"] for r in recs if r.get("early") == "unused"]
-            tr.write_line(f"launches started early (while pytest collected or another lane "
-                          f"ran): {early['used']} taken by a lane, {early['unused']} not needed"
-                          + (f" ({', '.join(unused)}: no selected case of their world size)"
-                             if unused else ""))
         retried = [r["name"] for r in recs if r.get("start_failed") == "retried"]
         if retried:
             tr.write_line(f"launches that failed before their first task, their tasks run "
