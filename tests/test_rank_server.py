@@ -4,6 +4,7 @@ Python per rank -- the same results to the bit, no imports at a rank's start, a 
 falling back to fresh ranks, a forked rank's death still named with its signal, and the
 server gone with its run."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from harness.launch.launch import run_env
 from harness.launch.launcher import Launcher, Task
 from harness.launch.rank_server import RankServer
 from harness.plugin import execution
+from harness.results.run_record import RunRecord
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
 from harness.worker import stager_fork
@@ -111,7 +113,11 @@ def test_a_server_whose_imports_failed_starts_fresh_ranks(tmp_path):
                                          "backend 'no_such_backend'"), record.fresh_ranks
     hs = types.SimpleNamespace(config=types.SimpleNamespace(getoption={
         "rank_start": "fork", "nnodes": 1, "node_launcher": None}.get), device="cpu")
-    launches = [{"fresh_ranks": record.fresh_ranks}, {"fresh_ranks": ""}]
+    # the launch records as a run hands them on to its meta (the plugin's callback)
+    run = RunRecord(time.time(), tmp_path / "reports", False, None)
+    run.on_launch(record)
+    run.on_launch(dataclasses.replace(record, fresh_ranks=""))
+    launches = run.pop_launch_records()
     assert execution.rank_start_recorded(hs, launches) == \
         f"fork (1 of 2 launches fresh: {record.fresh_ranks})"
     assert execution.rank_start_recorded(hs, launches[1:]) == "fork"

@@ -4,6 +4,7 @@ history parquet / summary.csv / meta.json under the report dir, and the terminal
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import Counter
@@ -16,10 +17,6 @@ from harness.results import write as results
 from harness.results.case_rows import case_rows, judged_rows
 from harness.spec import catalog
 from harness.verdict import mutation_score
-
-LAUNCH_FIELDS = ("name", "worker", "world_size", "tasks", "wall_s", "overhead_s", "returncode",
-                 "timed_out", "gpus", "killed", "leaked", "gpu_held", "interrupted", "phases",
-                 "started", "ended", "start_failed")
 
 
 class RunRecord:
@@ -41,10 +38,9 @@ class RunRecord:
 
     # --- launches ---------------------------------------------------------------------------
     def on_launch(self, rec) -> None:
-        """Scheduler callback: a launch of this process ended."""
-        worker = self.worker_id or ""
-        self._pending_records.append({f: worker if f == "worker" else getattr(rec, f)
-                                      for f in LAUNCH_FIELDS})
+        """Scheduler callback: a launch of this process ended -- every field of its record
+        (``launch.tasks.LaunchRecord``) and the xdist worker that ran it."""
+        self._pending_records.append({**dataclasses.asdict(rec), "worker": self.worker_id or ""})
 
     def pop_launch_records(self) -> list[dict]:
         out, self._pending_records = self._pending_records, []
