@@ -97,5 +97,5 @@ def task_wall(launches: list[dict]) -> float:
     intervals = [(rec["started"] + sum(rec["phases"].get(p, 0) for p in START_PHASES),
                   rec["ended"] - sum(rec["phases"].get(p, 0) for p in END_PHASES))
                  for rec in launches if rec.get("started") and rec.get("phases")
-                 and rec.get("tasks")]  # a launch that ran none ran no task
+                 and rec.get("tasks")]  # none where its agents failed before a task
     return _union([(a, b) for a, b in intervals if b > a])
