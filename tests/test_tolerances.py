@@ -533,3 +533,35 @@ def test_a_packaged_history_derives_what_the_whole_history_derives(tmp_path):
     df.to_parquet(tmp_path / "run" / "history" / "r.parquet")
     [out] = command.package(tmp_path / "run" / "history", tmp_path / "pkg")
     assert derive.measured(pd.read_parquet(out)) == derive.measured(df)
+
+
+def test_a_diverged_calibration_seed_leaves_the_quantity_unjudged():
+    """A clean seed that diverged (inf) makes the p99 of 10 nan and the max of 100 inf: no
+    tolerance follows from it, so the quantity is unjudged with the reason, never `tol nan` (a
+    failure) nor an infinite limit that passes anything."""
+    for p99, mx in ((math.nan, math.inf), (math.inf, math.inf)):
+        m = {**MEASURED, **_m("fp32_parity", "params", "x", POP, "rel_l2", 10, p99, mx)}
+        with pytest.raises(MissingTolerance, match="not finite"):
+            tolerances.lookup("fp32_parity", "params", "x", measured=m, where=WHERE)
+        assert not [r for r in tolerances.table(measured=m)
+                    if (r["quantity"], r["recipe"]) == ("params", "x")]
+    assert tolerances.lookup("fp32_parity", "params", "x", measured=MEASURED,
+                             where=WHERE).rel_l2 == pytest.approx(0.2)
+
+
+def test_a_quantized_weight_keeps_its_max_abs_limit_below_adams_bound():
+    """stored_params = quantize(master): its error is Adam's drift plus the format's rounding,
+    so a limit at or beyond Adam's bound can still trip (lr 1e-4, 3 steps: bound 1.9e-3, an
+    FP8 weight's rounding alone 8e-3); params, bounded by Adam alone, drops it."""
+    class Train:
+        lr, steps = 1e-4, 3
+    rows = {"max_abs": dict(n=10, p99=8.1e-3, max=8.1e-3),
+            "rel_l2": dict(n=10, p99=0.03, max=0.03)}
+    stored = tolerances._tolerance("fp32_parity", "stored_params", "mse", POP, rows, Train)
+    assert stored.max_abs == pytest.approx(2 * 8.1e-3)
+    bug = torch.zeros(64)
+    bug[7] = 0.2  # one stored element off by 0.2: 12x the limit, rel-L2 within its own
+    c = compare({"w": bug + 1.0}, {"w": torch.ones(64)})
+    assert c.rel_l2 < stored.rel_l2 and not c.passes(stored)
+    params = tolerances._tolerance("fp32_parity", "params", "mse", POP, rows, Train)
+    assert params.max_abs == math.inf and "could never trip" in params.reason
