@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -526,6 +527,8 @@ def test_a_packaged_history_derives_what_the_whole_history_derives(tmp_path):
     slim = derive.packaged(df)
     assert derive.measured(slim) == derive.measured(df)
     assert [r["n"] for r in derive.measured(slim)] == [10, 10]  # c4-c13, module and pooled
+    # `calibrate` reads reports/history and the package made from it: each sample once
+    assert derive.measured(pd.concat([df, slim], ignore_index=True)) == derive.measured(df)
     assert len(slim) == 14 + 4 and "repro" not in slim and "detail" not in slim
     naive = df[df["metric"].isin(derive.METRICS)]
     assert derive.measured(naive) != derive.measured(df)  # what the other rows are kept for
@@ -565,3 +568,17 @@ def test_a_quantized_weight_keeps_its_max_abs_limit_below_adams_bound():
     assert c.rel_l2 < stored.rel_l2 and not c.passes(stored)
     params = tolerances._tolerance("fp32_parity", "params", "mse", POP, rows, Train)
     assert params.max_abs == math.inf and "could never trip" in params.reason
+
+
+def test_the_packaged_histories_hold_each_measurement_once():
+    """A row twice in a package would count its sample twice (n, and the p99 -> max switch at
+    TAIL_N); two such files had every row twice."""
+    import pandas as pd
+
+    from harness.calibration import derive
+    files = sorted(Path("reports/calibration").glob("*/history/*.parquet"))
+    assert files
+    for f in files:
+        df = pd.read_parquet(f)
+        df = df.drop(columns=[c for c in derive.UNREAD_COLUMNS if c in df])
+        assert not df.duplicated().any(), f"{f}: {int(df.duplicated().sum())} rows repeated"

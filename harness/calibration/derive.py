@@ -219,6 +219,9 @@ def packaged(df: pd.DataFrame) -> pd.DataFrame:
 def measured(df: pd.DataFrame, scenario_dir: Path = SCENARIO_DIR) -> list[dict]:
     import numpy as np
     df = df[[is_calibration(s) for s in df["scenario"]]]
+    # a row once: a history read twice (a run's own and its packaged copy, which lacks only
+    # UNREAD_COLUMNS) or a file that holds a run's rows twice must not count a sample twice
+    df = df.drop_duplicates(subset=[c for c in df.columns if c not in UNREAD_COLUMNS])
     # a case's run left out, or one of its checks, is left out in that run only: a case that
     # hung on one host must not take its samples of every other run with it
     cov = df[df["metric"] == "coverage"]
