@@ -138,3 +138,44 @@ def test_sizes_are_shown_with_the_entry(tmp_path):
     e = load(tmp_path, KNOWN).entries[0]
     assert "reshard/next_loss max_abs<=0.001" in e.failures_text
     assert "reshard/state /_extra_state/ n_diff<=100" in e.failures_text
+
+
+def test_a_structural_failure_is_never_within_a_size(tmp_path):
+    """A toleranced comparison's max_abs / rel_l2 cover only the keys both sides have, with the
+    same shapes and finite values: a missing param, a wrong shape or NaN on both sides read 0
+    there. Recorder.compare counts those (``n_problems``) and no ``up_to`` explains them; an
+    entry that names the failure without a size still does."""
+    import math
+
+    import torch
+
+    from harness.calibration.tolerances import Tolerance
+    from harness.checks.record import Recorder
+    es = load(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: [{check: reshard, quantity: next_params, up_to: {rel_l2: 0.26}}]
+            reason: the next step moves by <= 0.26 rel-L2
+        """).entries
+    unbounded = load(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails: [{check: reshard, quantity: next_params}]
+            reason: the next step moves
+        """).entries
+    w, b = torch.linspace(-1, 1, 64), torch.linspace(0, 1, 8)
+    tol = Tolerance(1e-3, 1e-3, "calibrated", source="calibrated x n=10")
+
+    def judged(actual, expected, entries):
+        rec = Recorder()
+        rec.compare("reshard", "next_params", actual, expected, tol)
+        return verdict.judge([dict(r, phase="reshard") for r in rec.rows] + cov(), entries=entries)
+    assert judged({"w": w * 1.1, "b": b}, {"w": w, "b": b}, es).outcome == "xfailed"
+    nan = torch.full((8,), math.nan)
+    for actual, expected, what in (({"w": w}, {"w": w, "b": b}, "missing b"),
+                                   ({"w": w, "b": b[:4]}, {"w": w, "b": b}, "b: shape"),
+                                   ({"w": w, "b": nan}, {"w": w, "b": nan}, "non-finite")):
+        v = judged(actual, expected, es)
+        assert v.outcome == "failed" and what in v.unexplained[0]["detail"], v.message
+        assert "structural failure(s), which no size bounds (entry 1)" in v.message
+        assert judged(actual, expected, unbounded).outcome == "xfailed"

@@ -17,7 +17,7 @@ import traceback
 
 from harness.calibration.tolerances import UNJUDGED, Tolerance
 from harness.checks.compare import Comparison, compare
-from harness.checks.outcomes import COVERAGE, FAILED
+from harness.checks.outcomes import COVERAGE, FAILED, PROBLEMS
 from harness.distributed.checkpoint import describe
 
 
@@ -49,6 +49,9 @@ class Recorder:
                       0, outcome, detail)
         if over is not None:
             self._row(check, quantity, "n_over", over[0], 0, outcome, detail)
+        if not tol.bitwise and c.fails_anyway(tol):  # no size of max_abs / rel_l2 says these
+            self._row(check, quantity, PROBLEMS, len(c.problems) + len(c.nonfinite or ()), 0,
+                      outcome, detail)
         self._row(check, quantity, "max_abs", c.max_abs, tol.max_abs, outcome, detail, tol.source)
         self._row(check, quantity, "rel_l2", c.rel_l2, tol.rel_l2, outcome, detail, tol.source)
         return c

@@ -37,14 +37,13 @@ case when they name different checks, different quantities of one check, or one 
 different messages (two that would explain the same failing row are an error). Strictness:
 every strict failure must happen as named -- a named quantity (or message) of a check that ran
 and did not fail that way, or a case that passed, is an XPASS failure ("remove it from entry N").
-A failure marked ``strict: false`` explains a row when it happens and is not required to: for a
-symptom that depends on the values (e.g. whether a re-quantization rounds back to the same
-scale, which differs between CPUs whose matmuls round differently); the entry's reason must say
-so, and every entry must name at least one strict failure.
-Sizes: ``up_to: {metric: X}`` (metrics ``max_abs``, ``rel_l2``, ``n_diff`` of a comparison)
-explains a failing comparison only while each named metric is <= X -- a known failure whose
-size was measured cannot hide a larger one (the case fails: "max_abs 1.8e-3 > 1e-3"), nor
-can a failure that did not measure the metric (an error, a toleranced comparison's n_diff); set X
+``strict: false`` explains a row when it happens and need not happen: for a symptom that
+depends on the values (whether a re-quantization rounds back to the same scale differs between
+CPUs); the reason says so, and every entry names at least one strict failure.
+Sizes: ``up_to: {metric: X}`` (``max_abs``, ``rel_l2``, ``n_diff`` of a comparison) explains a
+failing comparison only while each is <= X: a known failure cannot hide a larger one (the case
+fails: "max_abs 1.8e-3 > 1e-3"), one that did not measure the metric (an error, a toleranced
+comparison's n_diff) or structural failures (keys, shapes, NaN: ``n_problems``); set X
 from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
 only when each is > X, and a strict one must happen that large: a second bug on top of a known
 failure of the same quantity. Two failures with disjoint sizes do not overlap.
@@ -67,6 +66,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from harness.checks.outcomes import PROBLEMS
 from harness.spec.matrix import Case
 from harness.verdict import regex_guard
 
@@ -124,13 +124,18 @@ class Failure:
                 and all(m in v for m, _ in self.up_to))
 
     def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
+        """Happened, within every ``up_to`` bound (never with structural failures)."""
         v = _values(row, values)
-        return self.happened(row, v) and all(v[m] <= b for m, b in self.up_to)
+        return self.happened(row, v) and not self.too_large(row, v)
 
     def too_large(self, row: dict, values: dict[str, float] | None = None) -> list[str]:
-        """'metric value > bound' for each ``up_to`` the row's comparison exceeds."""
+        """'metric value > bound' for each ``up_to`` the row's comparison exceeds, and its
+        structural failures (PROBLEMS: keys, shapes, NaN), which its sizes do not measure."""
         v = _values(row, values)
-        return [f"{m} {v[m]:.4g} > {b:.4g}" for m, b in self.up_to if m in v and not v[m] <= b]
+        out = [f"{m} {v[m]:.4g} > {b:.4g}" for m, b in self.up_to if m in v and not v[m] <= b]
+        if self.up_to and v.get(PROBLEMS, 0) > 0:
+            out.append(f"{v[PROBLEMS]:g} structural failure(s), which no size bounds")
+        return out
 
     def overlaps(self, other: "Failure") -> bool:
         """Would one failing row be explained by both? Same check, quantities not disjoint,
@@ -223,9 +228,8 @@ class Entry:
 
 
 def xfail_reason(entries: list[Entry]) -> str:
-    """The reason of a case's strict xfail marker, which pytest prints with the case: one line
-    of at most REASON_MAX characters -- the entry numbers, then their reasons, cut at a word
-    with '...' where several do not fit (the whole of each is in the registry and the report)."""
+    """The reason of a case's strict xfail marker (pytest prints it): one line of at most
+    REASON_MAX characters, the entry numbers, then their reasons cut at a word with '...'."""
     nums = ", ".join(str(e.number) for e in entries)
     text = (f"xfail entr{'y' if len(entries) == 1 else 'ies'} {nums}: "
             + " | ".join(" ".join(e.reason.split()) for e in entries))
@@ -267,10 +271,9 @@ class Registry:
         return found
 
     def clean_twin_entries(self, case: Case, device: str, env: dict) -> list[Entry] | None:
-        """For a case with a bug switched on (``fixes: no_<fix>`` / ``mutation: no_<fix>``):
-        the entries that apply to the same coordinates with the bug off -- what the harness
-        would expect there, so what of the case they do not explain is what caught the bug.
-        None for other cases. Nothing recorded (no hits)."""
+        """For a case with a bug switched on (``fixes`` / ``mutation: no_<fix>``): the entries
+        of its coordinates with the bug off -- what they leave unexplained caught the bug; None
+        for other cases (no hits recorded)."""
         c = coords(case, device)
         for axis, off in CLEAN_VALUE.items():
             if c.get(axis, off) != off:
@@ -282,9 +285,8 @@ class Registry:
     def stale(self, scenarios: set[str], backend: str | None = None,
               matrix: list[dict[str, str]] | None = None) -> list[Entry]:
         """Entries for the scenarios (and backend, device) this run ran cases of that matched
-        none. ``matrix``: the coordinates of every case of those scenarios, selected or not; an
-        entry that selects one of them is not stale -- its cases were deselected (``-k``,
-        ``-m``, ``--world-size``) or skipped here, not gone."""
+        none. ``matrix``: every case of those scenarios, selected or not; an entry that selects
+        one is not stale (deselected by ``-k``, ``-m``, ``--world-size``, or skipped here)."""
         devices = {c["device"] for c in matrix or ()}
         out = []
         for e in self.entries:
