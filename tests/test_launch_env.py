@@ -54,6 +54,13 @@ def test_the_stager_starts_up_front_for_fed_async_process_cases(tmp_path):
     task = Task(f"{case.key}.train", case, "train", tmp_path / "ckpt")
     assert _plan(_launch(Launcher(tmp_path / "b", "torch", "cpu"), [task],
                          case.mesh.world_size))["stager"]
+    # a reshard task of such a case only loads: no stager for it
+    reshard = next(c for c in cases if c.ax["dcp"] == "async_process" and c.target)
+    d = tmp_path / "reshard"
+    d.mkdir()
+    plan = launch_dir.write_plan(d, [Task(f"{reshard.key}.reshard", reshard, "reshard", d)],
+                                 "torch", "cpu", 60.0)
+    assert '"stager": false' in plan.read_text()
     d = tmp_path / "plain"
     d.mkdir()
     sync = next(c for c in cases if c.ax["dcp"] == "sync")

@@ -5,6 +5,7 @@ keeps that mode's result only where its saved state and next step equal the firs
 for bit, else trains its own (worker/mode_group.py). With the layer off every case gets the
 same rows."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ import torch
 from subprocs import ROOT, harness_env
 
 from harness.distributed import restore_point
+from harness.launch import launch_dir
 from harness.launch.task_graph import TaskGraph, mode_free_key
+from harness.launch.tasks import TaskResult
 from harness.spec.matrix import expand
 from harness.spec.scenario import load_scenario
 from harness.worker import mode_group
@@ -51,7 +54,7 @@ def _cases(scen):
             for c in expand(load_scenario(scen / "modes.yaml"), "reference")}
 
 
-def test_the_train_tasks_of_a_world_that_differ_only_in_their_mode_form_a_group(scen):
+def test_the_train_tasks_of_a_world_that_differ_only_in_their_mode_form_a_group(scen, tmp_path):
     cs = _cases(scen)
     g = TaskGraph(list(cs.values()), Path("/ckpt"), lambda c: "all", group_modes=True)
     sync = g.tasks[cs["sync-none-none"].key][0]
@@ -69,6 +72,17 @@ def test_the_train_tasks_of_a_world_that_differ_only_in_their_mode_form_a_group(
     assert not any(b[0] in sync.members for b in batches)
     assert g.batches({t.name for t in first}) == 1
     assert sync.to_json()["members"][0]["name"] == sync.members[0].name
+    # a member resolved without a lane (cancelled: a sibling variant timed out) leaves the
+    # batch, and the first task's plan no longer hands it to the ranks
+    gone = sync.members[0]
+    g.done[gone.name] = TaskResult(gone.name, "cancelled", errors={-1: "cancelled"})
+    again = next(b for b in g.ready(g.keys()[-1], set()) if b[0] is sync)
+    assert [t.name for t in again] == [sync.name, sync.members[1].name]
+    plan = json.loads(launch_dir.write_plan(tmp_path, again, "reference", "cpu", 60).read_text())
+    assert [m["name"] for m in plan["tasks"][0]["members"]] == [sync.members[1].name]
+    launch_dir.feed(tmp_path, 1, again)
+    fed = json.loads((tmp_path / "queue" / "000001.json").read_text())
+    assert [m["name"] for m in fed[0]["members"]] == [sync.members[1].name]
     plain = TaskGraph(list(cs.values()), Path("/ckpt"), lambda c: "all")
     assert not any(t.members or t.leader for t in plain.all)
 
@@ -197,3 +211,25 @@ def test_every_mode_gets_the_rows_its_own_training_gives(tmp_path, scen):
         pd.testing.assert_series_equal(on[col], off[col], check_exact=True)
     pd.testing.assert_series_equal(on["value"], off["value"], check_exact=True)
     assert set(on["case_outcome"]) == {"passed"}
+
+
+def test_a_mode_that_falls_back_to_its_own_run_gets_its_whole_timeout(monkeypatch):
+    """A member whose run from the trained state differed trains its own; the watchdog's clock
+    (``start``) starts again for that run, which else inherits the attempt's seconds and may
+    time out where the plain path would not."""
+    log = []
+    monkeypatch.setattr(mode_group, "_all", lambda ctx, ok: ok)
+    monkeypatch.setattr(mode_group, "_other_checks", lambda ctx, leader, m: None)
+    monkeypatch.setattr(mode_group, "_first", lambda ctx, why: why)
+    monkeypatch.setattr(mode_group, "_empty", lambda ctx, d: None)
+    monkeypatch.setattr(mode_group.Leader, "usable", lambda self: True)
+    monkeypatch.setattr(mode_group.Member, "differs", lambda self: "saved state differs")
+
+    def run_task(ctx, task, plan, share=None):
+        log.append(("run", task["name"], type(share).__name__))
+        return dict(task=task["name"], case_key="K", pg_broken=False, errors={})
+    task = dict(name="first", members=[dict(name="m", ckpt_dir="/nonexistent")])
+    got = list(mode_group.results(None, task, {}, run_task, lambda n: log.append(("start", n))))
+    assert [r["task"] for r in got] == ["first", "m"]
+    assert log == [("start", "first"), ("run", "first", "Leader"), ("start", "m"),
+                   ("run", "m", "Member"), ("start", "m"), ("run", "m", "OwnRun")]

@@ -25,10 +25,13 @@ class Task:
     def world_size(self) -> int:
         return self.case.world_sizes[0 if self.phase == "train" else 1]
 
-    def to_json(self) -> dict:
+    def to_json(self, within: set[str] | None = None) -> dict:
+        """``within``: the names of the tasks handed to the launch with it -- a member not
+        among them (resolved already: cancelled, say) is not the ranks' to run."""
         return dict(name=self.name, case=self.case.to_json(), phase=self.phase,
                     ckpt_dir=str(self.ckpt_dir), for_reshard=self.for_reshard,
-                    members=[m.to_json() for m in self.members])
+                    members=[m.to_json() for m in self.members
+                             if within is None or m.name in within])
 
 
 @dataclass

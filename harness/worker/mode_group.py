@@ -162,6 +162,7 @@ def results(ctx, task: dict, plan: dict, run_task, start):
                 continue
             why = f"the mode's run put back to the trained state differed: {why}"
             _empty(ctx, Path(m["ckpt_dir"]))
+            start(m["name"])  # its own run has its case's whole timeout, as on the plain path
         yield run_task(ctx, m, plan, share=OwnRun(why))
 
 
