@@ -1,6 +1,8 @@
 """The pytest plugin end to end, in pytest subprocesses (fresh interpreter, real launches)."""
 
 import json
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -157,13 +159,18 @@ def test_xdist_runs_groups_on_workers(tmp_path, tiny):
     pytest.importorskip("xdist")
     reports = tmp_path / "reports"
     rc, out = run_pytest(tmp_path, "--scenario", "tiny", "--scenario-dir", str(tiny), "-n", "2",
-                         "--report-dir", str(reports), "-k", "not skip_load and not perturb",
-                         *FORK)
-    assert rc == 0, out
-    assert "2 passed" in out
+                         "--report-dir", str(reports), "-k", "not perturb", *FORK)
+    assert rc == 1, out
+    assert "1 failed, 2 passed" in out
     df = pd.read_parquet(next((reports / "history").glob("*.parquet")))
-    assert set(df[df["check"] == "case"]["case_outcome"]) == {"passed"}
-    assert len(df[df["check"] == "case"]) == 2
+    outcomes = df[df["check"] == "case"].set_index("case_id")["case_outcome"]
+    assert outcomes.to_dict() == {"tiny[fp32-dp2-LayerNormMLP-sync-none-none]": "passed",
+                                  "tiny[fp32-dp2-LayerNormMLP-sync-to_dp4-none]": "passed",
+                                  "tiny[fp32-dp2-LayerNormMLP-sync-none-skip_load]": "failed"}
+    # the failure names its launches under the directory they are in (a worker's own)
+    names, under = re.search(r"launches: (.+) under (\S+)", out).groups()
+    assert under.split("/")[-1] in ("gw0", "gw1")
+    assert all((Path(under) / n / "torchrun.log").is_file() for n in names.split(", ")), out
 
 
 def test_world_size_selects_one_shard(tmp_path, tiny):

@@ -130,12 +130,10 @@ class Execution:
         of a world size's cases, where more)."""
         ex = cls(hs.run_id, hs.config.getoption("work_dir"))
         opt = hs.config.getoption
-        launches = hs.record.report_dir / "runs" / hs.run_id / "launches"
-        launches = launches / hs.worker_id if hs.worker_id else launches
         acc = accelerations(hs)
         ex.launcher = Launcher(
-            launches, hs.backend, hs.device, gpus=hs.env.visible_gpus(), nnodes=opt("nnodes"),
-            rdzv_endpoint=opt("rdzv_endpoint"),
+            hs.launches_dir, hs.backend, hs.device, gpus=hs.env.visible_gpus(),
+            nnodes=opt("nnodes"), rdzv_endpoint=opt("rdzv_endpoint"),
             node_launcher=shlex.split(opt("node_launcher")) if opt("node_launcher") else None,
             launches_per_gpu=opt("launches_per_gpu") or LAUNCHES_PER_GPU,
             lane_per_module="lane_per_module" in acc,
@@ -143,7 +141,7 @@ class Execution:
             max_ranks=MAX_RANKS if opt("max_ranks") is None else opt("max_ranks"))
         ex.launcher.on_record.append(hs.record.on_launch)
         ex.seconds = task_seconds.load(hs.config, hs.device) if "task_seconds" in acc else {}
-        ex.stacks = interrupt.stacks_on_sigusr1(launches / "pytest-stacks.txt")
+        ex.stacks = interrupt.stacks_on_sigusr1(hs.launches_dir / "pytest-stacks.txt")
         return ex
 
     def start(self, cases: list[Case], *, per_scope: bool, after=None) -> None:

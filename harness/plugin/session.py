@@ -73,8 +73,10 @@ class HarnessSession:
             leftovers.sweep(config, config.getoption("work_dir"))  # what killed runs left
         self.record = RunRecord(t0, report_dir, not config.getoption("no_report"),
                                 self.worker_id)
+        launches = report_dir / "runs" / self.run_id / "launches"  # an xdist worker's: its own
+        self.launches_dir = launches / self.worker_id if self.worker_id else launches
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
-                                         report_dir / "runs" / self.run_id / "launches")
+                                         self.launches_dir)
         self.execution: Execution | None = None
         self.on_demand: OnDemand | None = None  # populations measured for this run's cases
         self.rank_server = None  # launch.rank_server.RankServer, where ranks fork (hooks.py)
