@@ -143,8 +143,8 @@ def test_sizes_are_shown_with_the_entry(tmp_path):
 def test_a_structural_failure_is_never_within_a_size(tmp_path):
     """A toleranced comparison's max_abs / rel_l2 cover only the keys both sides have, with the
     same shapes and finite values: a missing param, a wrong shape or NaN on both sides read 0
-    there. Recorder.compare counts those (``n_problems``) and no ``up_to`` explains them; an
-    entry that names the failure without a size still does."""
+    there. Recorder.compare counts those (``n_problems``) and no ``up_to`` explains them unless
+    its ``message`` names them; an entry that names the failure without a size still does."""
     import math
 
     import torch
@@ -179,3 +179,13 @@ def test_a_structural_failure_is_never_within_a_size(tmp_path):
         assert v.outcome == "failed" and what in v.unexplained[0]["detail"], v.message
         assert "structural failure(s), which no size bounds (entry 1)" in v.message
         assert judged(actual, expected, unbounded).outcome == "xfailed"
+    named = load(tmp_path, """\
+        entries:
+          - match: {recipe: delayed}
+            fails:
+              - {check: reshard, quantity: next_params, message: "missing b", up_to: {rel_l2: 0.26}}
+            reason: the next step loses b and moves the rest by <= 0.26 rel-L2
+        """).entries
+    assert judged({"w": w * 1.1}, {"w": w, "b": b}, named).outcome == "xfailed"
+    assert judged({"w": w * 2}, {"w": w, "b": b}, named).outcome == "failed"  # beyond 0.26
+    assert judged({"w": w, "b": b[:4]}, {"w": w, "b": b}, named).outcome == "failed"

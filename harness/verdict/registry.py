@@ -43,18 +43,17 @@ CPUs); the reason says so, and every entry names at least one strict failure.
 Sizes: ``up_to: {metric: X}`` (``max_abs``, ``rel_l2``, ``n_diff`` of a comparison) explains a
 failing comparison only while each is <= X: a known failure cannot hide a larger one (the case
 fails: "max_abs 1.8e-3 > 1e-3"), one that did not measure the metric (an error, a toleranced
-comparison's n_diff) or structural failures (keys, shapes, NaN: ``n_problems``); set X
-from measurements with a margin and say so in the reason. ``beyond: {metric: X}`` explains it
-only when each is > X, and a strict one must happen that large: a second bug on top of a known
-failure of the same quantity. Two failures with disjoint sizes do not overlap.
-``evidence`` names recorded runs the entry's measurements come from as ``<commit>:<path>``
-(``git show`` reaches each; tests/test_registry_evidence.py resolves every one).
+comparison's n_diff) or structural failures (keys, shapes, NaN: ``n_problems``) its
+``message`` does not name; set X from measurements with a margin, the reason says so.
+``beyond: {metric: X}`` explains it only when each is > X, and a strict one must happen that
+large: a second bug on top of a known failure of the same quantity. Two failures with disjoint
+sizes do not overlap.
+``evidence``: recorded runs the measurements come from, ``<commit>:<path>`` (``git show``
+reaches each; tests/test_registry_evidence.py resolves every one).
 ``scenario: "@user"`` selects every scenario no entry names (a user's own): entries for the
 library's defects list it, workarounds included. An entry applies only where a unit one of
-its strict failures names runs (a case without DCP checks never loads).
-Entries that match no case of a scenario in the run are reported as stale. Capability gaps (a
-recipe the GPU cannot run) are skips decided by the backend, never entries here.
-"""
+its strict failures names runs (a case without DCP checks never loads). Entries that match no
+case of a scenario in the run are reported as stale. A recipe the GPU cannot run is a skip."""
 
 from __future__ import annotations
 
@@ -124,16 +123,16 @@ class Failure:
                 and all(m in v for m, _ in self.up_to))
 
     def explains(self, row: dict, values: dict[str, float] | None = None) -> bool:
-        """Happened, within every ``up_to`` bound (never with structural failures)."""
+        """Happened, and within every ``up_to`` bound (``too_large``)."""
         v = _values(row, values)
         return self.happened(row, v) and not self.too_large(row, v)
 
     def too_large(self, row: dict, values: dict[str, float] | None = None) -> list[str]:
         """'metric value > bound' for each ``up_to`` the row's comparison exceeds, and its
-        structural failures (PROBLEMS: keys, shapes, NaN), which its sizes do not measure."""
+        structural failures (PROBLEMS: keys, shapes, NaN) unless a ``message`` names them."""
         v = _values(row, values)
         out = [f"{m} {v[m]:.4g} > {b:.4g}" for m, b in self.up_to if m in v and not v[m] <= b]
-        if self.up_to and v.get(PROBLEMS, 0) > 0:
+        if self.up_to and self.message is None and v.get(PROBLEMS, 0) > 0:
             out.append(f"{v[PROBLEMS]:g} structural failure(s), which no size bounds")
         return out
 
