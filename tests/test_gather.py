@@ -76,3 +76,27 @@ def test_gather_mixed_dtypes_uneven_shards_and_diverging_replicas(tmp_path):
                    cwd=ROOT, env=harness_env())
     assert [rc for rc, _ in done] == [0, 0], done
     assert all(out.strip().endswith("ok") for _, out in done), done
+
+
+def test_every_rank_decides_alike_which_quantized_buffers_to_gather():
+    """The all-gather parity gathers a param's raw buffers by one set of keys on every rank:
+    30 rows over 4 ranks (8, 8, 8, 6) once left rank 3 alone adding the rowwise data (its 6
+    rows divide 30), and rank 0 compared nothing of it. Rowwise data follows the piece at any
+    sharding; block scales (one row per 128 rows) only at even shards."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.tensor import Shard
+
+    from harness.checks.te_checks import _whole_shape
+
+    def decisions(whole, rows):
+        mesh = SimpleNamespace(size=lambda dim: len(rows))
+        p = SimpleNamespace(placements=(Shard(0),), shape=torch.Size([whole, 32]),
+                            device_mesh=mesh)
+        return [(_whole_shape("data", torch.empty(r, 32), torch.empty(r, 32), p),
+                 _whole_shape("scale_inv", torch.empty(1, 1), torch.empty(r, 32), p))
+                for r in rows]
+    uneven = decisions(30, [8, 8, 8, 6])
+    assert uneven == [((30, 32), None)] * 4
+    assert decisions(32, [8, 8, 8, 8]) == [((32, 32), (4, 1))] * 4

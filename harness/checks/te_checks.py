@@ -116,16 +116,23 @@ def _all_buffer_keys(params):
 
 def _whole_shape(key: str, v, local, p):
     """The shape ``v`` (a buffer of ``p``'s local piece) has for the whole ``p``, or None.
-    Along a sharded dim the buffer must follow the piece: the same length (rowwise data), or
-    along dim 0 one entry per block of rows (block scales); unsharded dims keep their length."""
+    Along a sharded dim the buffer must follow the piece: the same length (rowwise data, also
+    where the shards are uneven), or along dim 0 one entry per block of rows (block scales) of
+    even shards; unsharded dims keep their length. Every rank decides alike (they gather one
+    set of keys): by the whole shape and the shard counts, not by its own piece's size."""
     if "transpose" in key or "columnwise" in key or v.dim() != local.dim() or not local.shape:
         return None
-    sharded = {pl.dim for pl in p.placements if pl.is_shard()}
+    shards: dict[int, int] = {}
+    for j, pl in enumerate(p.placements):
+        if pl.is_shard():
+            shards[pl.dim] = shards.get(pl.dim, 1) * p.device_mesh.size(j)
     shape = []
     for i, (n, part, whole) in enumerate(zip(v.shape, local.shape, p.shape)):
-        if i not in sharded:
+        if i not in shards:
             shape.append(n)
-        elif n and part and whole % part == 0 and (n == part or (i == 0 and part % n == 0)):
+        elif n == part:
+            shape.append(whole)
+        elif i == 0 and n and whole % shards[i] == 0 and part % n == 0:
             shape.append(n * whole // part)
         else:
             return None
