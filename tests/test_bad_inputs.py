@@ -68,6 +68,11 @@ SCENARIO_CASES = {
     "train.steps bool": ("steps: 2", "steps: true",
                          ["train.steps: must be an integer, got True"]),
     "train.seed negative": ("seed: 1", "seed: -1", ["train.seed: must be >= 0"]),
+    # the data's generator seed (seed * 1_000_003 + step) must fit torch's int64
+    "train.seed huge": ("seed: 1", "seed: 20000000000000",
+                        ["train.seed: must be >= 0 and <= 9223344366821"]),
+    "axes.seed huge": ("fault: [none]\n", "fault: [none]\n  seed: [20000000000000]\n",
+                       ["seed values are integers from 0 to 9223344366821"]),
     "model.hidden float": ("hidden: 32", "hidden: 32.5", ["model.hidden: must be an integer"]),
     "model.hidden huge": ("hidden: 32", "hidden: 10000000", ["model.hidden: must be >= 1 and "
                                                               "<= 65536, got 10000000"]),

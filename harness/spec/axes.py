@@ -8,7 +8,7 @@ import fnmatch
 from typing import Any
 
 from harness.spec import catalog
-from harness.spec.base import _NAME, _VALUE, _fail
+from harness.spec.base import _NAME, _VALUE, SEED_MAX, _fail
 from harness.spec.mesh import MeshError, parse_mesh
 
 
@@ -39,8 +39,8 @@ def _check_value(path, axis: str, where: str, value, modules=catalog.MODULES) ->
             parse_mesh(value[len(catalog.RESHARD_PREFIX):])
         except MeshError as e:
             _fail(path, where, f"bad reshard target: {e}")
-    elif axis == "seed" and not value.isdigit():
-        _fail(path, where, f"seed values are non-negative integers, got {value!r}")
+    elif axis == "seed" and not (value.isdigit() and int(value) <= SEED_MAX):
+        _fail(path, where, f"seed values are integers from 0 to {SEED_MAX}, got {value!r}")
     elif axis in catalog.EXTRA_AXES and catalog.EXTRA_AXES[axis][1] is not None and \
             value not in catalog.EXTRA_AXES[axis][1]:
         _fail(path, where, f"unknown {axis} value '{value}'; allowed: "
