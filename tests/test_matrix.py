@@ -56,6 +56,17 @@ def test_checks_apply_per_case(tmp_path):
         "fp32_parity", "sharding_invariance", "dcp_roundtrip", "async_equivalence", "reshard")
 
 
+def test_tied_weights_applies_where_a_module_may_tie(tmp_path):
+    """The built-in modules but LlamaStack tie nothing: tied_weights in a scenario that mixes
+    them runs for LlamaStack (and a scenario's own model), not as a failure of the others."""
+    doc = dict(DOC, axes=dict(DOC["axes"], module=["Linear", "LlamaStack"], mesh=["dp2"]))
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(dict(doc, name="t", checks=["fp32_parity", "tied_weights"]),
+                                sort_keys=False))
+    checks = {c.ax["module"]: c.checks for c in expand(load_scenario(p))}
+    assert checks == {"Linear": ("fp32_parity",), "LlamaStack": ("fp32_parity", "tied_weights")}
+
+
 def test_world_sizes_and_target(tmp_path):
     c = next(c for c in expand(spec(tmp_path)) if c.label == "fp32-dp2xtp2-Linear-sync-to_dp4")
     assert c.world_sizes == (4, 4)
