@@ -119,3 +119,17 @@ def test_the_midpoint_slack_is_small():
         q[0] -= half[0] * (1 + beyond)
         q[1:] -= half[1:] * 0.5
         assert export.beyond_rounding({"w": x}, {"w": q}, export.ROUNDING["delayed"])[0] == n
+
+
+def test_stale_master_refuses_a_run_without_master_weights():
+    """Plain params (the torch backend, bf16) keep no master weights: the fault would change
+    nothing and its case pass as if the checks had missed nothing -- it raises instead."""
+    from harness.distributed import faults
+    case = SimpleNamespace(ax={"fault": "stale_master"})
+    p = torch.nn.Parameter(torch.ones(3))
+    plain = SimpleNamespace(optim=SimpleNamespace(state={p: {"exp_avg": torch.zeros(3)}}))
+    with pytest.raises(RuntimeError, match="keeps no master weights"):
+        faults.after_train(case, plain)
+    m = torch.ones(3)
+    faults.after_train(case, SimpleNamespace(optim=SimpleNamespace(state={p: {"master_param": m}})))
+    assert torch.equal(m, torch.full((3,), 1.01))

@@ -180,10 +180,13 @@ def after_train(case, run) -> None:
     ``stale_master``: every master weight of the optimizer is 1.01x the weight the model
     computes with (every rank)."""
     if fault_of(case) == "stale_master":
-        for st in run.optim.state.values():
-            m = st.get("master_param")
-            if isinstance(m, torch.Tensor):
-                getattr(m, "_local_tensor", m).mul_(1.01)
+        masters = [m for st in run.optim.state.values()
+                   if isinstance(m := st.get("master_param"), torch.Tensor)]
+        if not masters:  # an injected bug that changes nothing must not pass as caught-nothing
+            raise RuntimeError("stale_master: the optimizer keeps no master weights here "
+                               "(plain params, or a recipe without them)")
+        for m in masters:
+            getattr(m, "_local_tensor", m).mul_(1.01)
     if fault_of(case) != "diverge_replica":
         return
     from torch.distributed.tensor import DTensor, Replicate
