@@ -188,3 +188,18 @@ def test_unrelated_path_args_still_run_the_scenario(tmp_path, tiny):
                          "--collect-only", "-q", str(other))
     assert rc == 0, out
     assert "6 tests collected" in out
+
+
+def test_a_repro_names_a_scenario_file_given_by_its_path(tmp_path):
+    """A user's scenario given by path (`--scenario path/to/x.yaml`) is rerun by that path: by
+    its name it would be looked up in the scenario dir, where it is not."""
+    from types import SimpleNamespace
+
+    from harness.plugin.failure_text import FailureFormatter
+    root, own = tmp_path / "repo", tmp_path / "mine" / "u.yaml"
+    item = SimpleNamespace(case=SimpleNamespace(scenario="u", id="u[fp32-dp3]"))
+    f = FailureFormatter(root, root / "scenarios", "torch", "cpu", tmp_path, {"u": own})
+    assert f.repro(item).startswith(f"pytest --scenario {own} --backend torch --device cpu")
+    shipped = FailureFormatter(root, root / "scenarios", "torch", "cpu", tmp_path,
+                               {"u": root / "scenarios" / "u.yaml"})
+    assert shipped.repro(item).startswith("pytest --scenario u --backend torch")

@@ -30,19 +30,22 @@ class FailureFormatter:
     ran with, the scenario dir they came from and the dir their launches log to."""
 
     def __init__(self, root: Path, scenario_dir: Path, backend: str, device: str,
-                 launches_dir: Path):
+                 launches_dir: Path, paths: dict | None = None):
         self.root = root
         self.scenario_dir = scenario_dir
         self.backend = backend
         self.device = device
         self.launches_dir = launches_dir
+        self.paths = paths or {}  # scenario name -> its file (a user's may lie anywhere)
 
     def repro(self, item) -> str:
         """The pytest command that reruns ``item``'s case alone (``item``: anything with a
-        ``case``)."""
-        args = ["pytest", "--scenario", item.case.scenario, "--backend", self.backend,
-                "--device", self.device, "-p", "no:randomly", "-k", item.case.id]
-        if self.scenario_dir.resolve() != (self.root / "scenarios").resolve():
+        ``case``): its scenario by name from the scenario dir, or by its file's path."""
+        name, path = item.case.scenario, self.paths.get(item.case.scenario)
+        outside = path is not None and Path(path).parent.resolve() != self.scenario_dir.resolve()
+        args = ["pytest", "--scenario", str(path) if outside else name, "--backend",
+                self.backend, "--device", self.device, "-p", "no:randomly", "-k", item.case.id]
+        if not outside and self.scenario_dir.resolve() != (self.root / "scenarios").resolve():
             args[3:3] = ["--scenario-dir", str(self.scenario_dir)]
         return shlex.join(args)
 

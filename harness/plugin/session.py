@@ -76,7 +76,7 @@ class HarnessSession:
         launches = report_dir / "runs" / self.run_id / "launches"  # an xdist worker's: its own
         self.launches_dir = launches / self.worker_id if self.worker_id else launches
         self.failures = FailureFormatter(root, sel.scenario_dir, sel.backend, self.device,
-                                         self.launches_dir)
+                                         self.launches_dir, dict(sel.paths))
         self.execution: Execution | None = None
         self.on_demand: OnDemand | None = None  # populations measured for this run's cases
         self.rank_server = None  # launch.rank_server.RankServer, where ranks fork (hooks.py)
