@@ -128,6 +128,9 @@ def test_a_rank_records_an_unjudged_comparison_not_a_failure():
     rec = Recorder()  # a structural mismatch fails whatever the tolerance
     rec.compare("fp32_parity", "params", {"w": torch.ones(3)}, {"w": torch.ones(4)}, none)
     assert {r["outcome"] for r in rec.rows} == {"fail"}
+    # ... and says so, not that a tolerance is missing (no rejudging would change it)
+    assert "fails whatever its tolerance" in rec.rows[0]["detail"]
+    assert "no population" not in rec.rows[0]["detail"]
     rec = Recorder()
     nan = torch.tensor([1.0, math.nan])
     rec.compare("fp32_parity", "params", {"w": nan}, {"w": torch.ones(2)}, none)

@@ -42,8 +42,9 @@ class Recorder:
         if tol.unjudged and holds and not c.fails_anyway(tol):
             outcome = UNJUDGED  # measured; judged later by a tolerance for its configuration
         detail = c.describe(tol) + ("" if holds else f"; {over[1]}")
-        if tol.unjudged:
-            detail += f"; unjudged: {tol.reason}"
+        if tol.unjudged:  # a structural failure fails whatever tolerance is derived later
+            detail += ("; fails whatever its tolerance (none derived for it yet)"
+                       if c.fails_anyway(tol) else f"; unjudged: {tol.reason}")
         if tol.bitwise:
             self._row(check, quantity, "n_diff", c.n_diff + len(c.problems) + len(c.nonfinite),
                       0, outcome, detail)
