@@ -229,6 +229,7 @@ def test_the_plugin_counts_modules_unless_launches_per_gpu_is_given(tmp_path, gi
             "rdzv_endpoint": None, "node_launcher": None, "gpu_share": "auto"}
     hs = SimpleNamespace(
         run_id="r1", worker_id=None, backend="te", device="cuda", rank_server=None,
+        launches_dir=tmp_path / "reports" / "runs" / "r1" / "launches",
         config=SimpleNamespace(getoption=opts.get),
         env=SimpleNamespace(visible_gpus=lambda: ["0"]),
         record=SimpleNamespace(report_dir=tmp_path / "reports", on_launch=lambda r: None))

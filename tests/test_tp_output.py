@@ -128,10 +128,12 @@ def test_apply_tp_gathers_with_c10d_only_over_gloo_on_cuda(monkeypatch):
 
 
 class _Piece:
-    """A DTensor stand-in: whole shape and placements (all ``_whole_shape`` reads)."""
+    """A DTensor stand-in: whole shape, placements and a mesh of 2 a dim (all ``_whole_shape``
+    reads)."""
 
     def __init__(self, shape, placements):
         self.shape, self.placements = torch.Size(shape), placements
+        self.device_mesh = type("Mesh", (), {"size": lambda self, dim: 2})()
 
 
 def test_whole_shape_places_rowwise_data_and_row_block_scales_only():

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 from harness.launch import fork_agent, oom
-from harness.launch.tasks import RANK_STAMPS, TaskResult
+from harness.launch.tasks import RANK_STAMPS, TaskResult, as_json
 
 LOG_TAIL = 6000
 
@@ -33,9 +33,8 @@ def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeo
     """``timeout_s``: the largest case timeout the launch may see (fed tasks included).
     ``setup_timeout_s``: how long the ranks' groups may take to form (a launch's set-up, not a
     case's collective, which a loaded host slows: docs/performance.md, "Small costs").
-    ``stager``: the launch may run an async_process save (fed tasks included): its ranks
-    start DCP's stager up front -- as they do for a train task of its own that saves so (a
-    reshard task only loads)."""
+    ``stager``: the launch may run an async_process save (fed tasks included; its own train
+    tasks decide too): its ranks start DCP's stager up front."""
     case_timeout = timeout_s or max(t.case.timeout_s for t in tasks)
     collective = min(collective_timeout_s, case_timeout / 2)
     plan = dict(dir=str(d), backend=backend, device=device,
@@ -53,13 +52,6 @@ def write_plan(d: Path, tasks: list, backend: str, device: str, collective_timeo
 def feed(d: Path, seq: int, tasks: list) -> None:
     """Queue file ``seq`` (1, 2, ...) with more tasks for the running launch (atomic)."""
     _atomic(d / "queue" / f"{seq:06d}.json", json.dumps(as_json(tasks)))
-
-
-def as_json(tasks: list) -> list[dict]:
-    """The tasks as the ranks read them: a group's first task with only the members handed
-    over with it (``Task.to_json``)."""
-    names = {t.name for t in tasks}
-    return [t.to_json(within=names) for t in tasks]
 
 
 def close_feed(d: Path, count: int) -> None:

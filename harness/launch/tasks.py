@@ -34,6 +34,13 @@ class Task:
                              if within is None or m.name in within])
 
 
+def as_json(tasks: list[Task]) -> list[dict]:
+    """The tasks as a launch's ranks read them (its plan, a queue file): a group's first task
+    with only the members handed over with it (``Task.to_json``)."""
+    names = {t.name for t in tasks}
+    return [t.to_json(within=names) for t in tasks]
+
+
 @dataclass
 class TaskResult:
     name: str
