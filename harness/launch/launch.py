@@ -4,10 +4,11 @@ appears, end every process, record it. Everything it needs is handed to it (sett
 argv, feed, the run's stop flag, where its record goes); it calls into nothing above it.
 
 Every wait is bounded: a task past its case's ``timeout_s`` gets its ranks' stacks (SIGUSR1)
-and the launch is killed (``timeout``; the lane re-launches the rest); a launch that dies
-blames the running task with each rank's log, unit and exit status; no task started within
-``startup_timeout_s`` fails the tasks with torchrun's log; agents that fail before any task
-started hand their tasks to a new launch once. However it ends, every process it started is
+and the launch is killed (``timeout``; the lane re-launches the rest), as is a teardown past
+it after the last result; a launch that dies blames the running task with each rank's log,
+unit and exit status; no task started within ``startup_timeout_s`` fails the tasks with
+torchrun's log; agents failing before any task hand their tasks to a new launch once. However
+it ends, every process it started is
 killed before the next one starts (``ending.py``: found by the launch's tag through ``/proc``,
 wherever reparented; on GPU their memory must be released). torchrun is tethered to pytest and
 each rank to torchrun (``PR_SET_PDEATHSIG``). No shell: the command is an argv list.
@@ -30,24 +31,21 @@ from harness.launch.interrupt import Interrupted, deferred
 from harness.launch.tasks import LaunchRecord, Task, TaskResult
 
 # Kept in every launched environment (GPU hosts are shared: NVLink multicast can take them
-# down for everyone; see DEVELOPERS.md / the device tool's KINDS.md).
+# down for everyone; see DEVELOPERS.md / the device tool's KINDS.md); deterministic cuBLAS
+# (bitwise next-step checks on GPU).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONFAULTHANDLER": "1",
-            # deterministic cuBLAS (bitwise next-step checks on GPU)
-            "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-# On GPU hosts (several launches start at once per GPU slot) DCP's process-async stagers
-# rendezvous under a prefix of torchrun's own store instead of a port DCP picks free and binds
-# later: another launch took that port first (EADDRINUSE in one rank's stager, the other rank's
-# waiting for it until the case timeout). CPU launches keep DCP's default.
+            "PYTHONFAULTHANDLER": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# On GPU hosts (launches start at once per GPU slot) DCP's process-async stagers rendezvous
+# under a prefix of torchrun's store, not a port DCP picks free and binds later, which another
+# launch could take first (EADDRINUSE; its peer waits out the case). CPU keeps DCP's default.
 CUDA_ENV = {"DCP_USE_PREFIX_STORE": "1"}
 # glibc's malloc keeps freed large blocks (else each temporary page-faults); caller's MALLOC_* win
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 POLL_S = 0.1
 TORCHRUN = "torch.distributed.run"  # the module a fresh agent runs
-# a Unix socket's path has at most 107 bytes; multiprocessing puts its listeners at
-# $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more) and the launch's own dir adds up to 31
-# (harness-L001-p<pid>-XXXXXXXX/, scratch.py)
+# a Unix socket's path has at most 107 bytes; multiprocessing's listeners add 32
+# ($TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX), the launch's dir up to 31 (scratch.py)
 SOCKET_PATH_MAX, SCRATCH_DEPTH = 107, 32 + 31 + 8
 
 
@@ -159,9 +157,9 @@ class Launch:
         return results
 
     def _watch(self) -> tuple[str | None, bool]:
-        """Poll until the agents exit, a task runs past its timeout (its stacks are dumped
-        first), or nothing starts within ``startup_timeout_s``. Returns (hung task, timed out).
-        Raises :class:`Interrupted` when the run is being stopped."""
+        """Poll until the agents exit or a bound of the module's passes (a hung task's stacks
+        dumped first). Returns (hung task, timed out); :class:`Interrupted` on the run's stop."""
+        done_at = None
         while None in (states := [p.poll() for p in self.agents]):
             if any(rc not in (None, 0) for rc in states):
                 break  # one agent failed: the others would wait for it forever
@@ -174,6 +172,10 @@ class Launch:
                 if not self.delivered and \
                         time.time() - self.t_start > self.settings.startup_timeout_s:
                     return None, True
+                if self.closed and len(self.delivered) == len(self.by_name):  # teardown
+                    done_at = done_at or time.time()
+                    if time.time() - done_at > self.timeout_s:
+                        return None, True
                 continue
             task_name, t0, pids = current
             task = self.by_name.get(task_name)
@@ -183,8 +185,7 @@ class Launch:
         return None, False
 
     def _env(self) -> dict:
-        """The launch's environment: the run's (:func:`run_env`), the slot's and the launch's
-        tag and temporary directory."""
+        """The run's environment (:func:`run_env`), the slot's, the launch's tag and TMPDIR."""
         s = self.settings
         full = {**run_env(s.device, s.extra_env), **self.env, **SAFE_ENV, procs.TAG_VAR: self.tag}
         # every temporary file of the launch's processes goes in a directory of its own,
