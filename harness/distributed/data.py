@@ -16,10 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from harness.spec import catalog
+from harness.spec.base import DATA_SEED_STRIDE
 from harness.spec.mesh import MeshSpec
 
 VERSION = 1  # bump when the batches change (the FP32 reference cache keys on it)
 from harness.spec.scenario import ModelDims
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of a step's global batch (the seed bound: spec.base.SEED_MAX)."""
+    return torch.Generator().manual_seed(seed * DATA_SEED_STRIDE + step)
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Regression:
     out: str  # the ModelDims field of the output width
 
     def global_batch(self, dims: ModelDims, seed: int, step: int):
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        g = step_generator(seed, step)
         x = torch.randn(dims.batch, dims.seq, dims.hidden, generator=g)
         y = torch.randn(dims.batch, dims.seq, getattr(dims, self.out), generator=g)
         return x, y
@@ -53,7 +59,7 @@ class NextToken:
     name: str = "next_token"
 
     def global_batch(self, dims: ModelDims, seed: int, step: int):
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        g = step_generator(seed, step)
         ids = torch.randint(0, dims.vocab, (dims.batch, dims.seq + 1), generator=g)
         return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 

@@ -172,7 +172,7 @@ class Launch:
                 if not self.delivered and \
                         time.time() - self.t_start > self.settings.startup_timeout_s:
                     return None, True
-                if self.closed and len(self.delivered) == len(self.by_name):  # teardown
+                if self.closed and not self.unfinished():  # the ranks' teardown
                     done_at = done_at or time.time()
                     if time.time() - done_at > self.timeout_s:
                         return None, True

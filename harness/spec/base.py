@@ -11,14 +11,16 @@ _VALUE = re.compile(r"^[A-Za-z0-9_.]+$")  # axis values appear in ids and file n
 TOP_LEVEL = {"name", "description", "models", "axes", "cases", "exclude", "model",
              "model_overrides", "train", "checks", "tolerances", "timeout_s", "marks"}
 MAX_TIMEOUT_S = 86400.0  # a day: a larger per-case timeout is a typo, not a case
-# the largest seed: the data's generator is seeded with seed * 1_000_003 + step
-# (distributed/data.py), which must fit torch's int64
-SEED_MAX = (2**63 - 1 - 10000) // 1_000_003
+MAX_STEPS = 10000
+# a step's data comes from a generator seeded with seed * DATA_SEED_STRIDE + step
+# (distributed/data.py), which must fit torch's int64: the largest seed
+DATA_SEED_STRIDE = 1_000_003
+SEED_MAX = (2**63 - 1 - MAX_STEPS) // DATA_SEED_STRIDE
 # allowed range (inclusive) of each model / train field; lr must also be > 0
 FIELD_RANGES = {"hidden": (1, 65536), "ffn": (1, 262144), "heads": (1, 1024), "seq": (1, 65536),
                 "batch": (1, 65536), "out_features": (1, 262144), "layers": (1, 1024),
                 "vocab": (1, 1 << 24),
-                "steps": (1, 10000), "lr": (0.0, 10.0), "seed": (0, SEED_MAX)}
+                "steps": (1, MAX_STEPS), "lr": (0.0, 10.0), "seed": (0, SEED_MAX)}
 
 
 class ScenarioError(ValueError):
